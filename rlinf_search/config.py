@@ -21,7 +21,16 @@ from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement, Topology, validate_placement
 from rlinf_search.tools.search.config import SearchToolConfig
+from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+from rlinf_search.workers.actor.megatron.config import CONVERTER_KEYS as MEGATRON_CONVERTER_KEYS
+from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
+from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_config_from_actor
+from rlinf_search.workers.inference.config import InferenceConfig
+from rlinf_search.workers.offload import OffloadConfig
+from rlinf_search.workers.rollout.base import engine_factory
+from rlinf_search.workers.rollout.config import VLLM_ONLY_KEYS, RolloutConfig
+from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +60,32 @@ SCHEMA: dict[str, Any] = {
                   "shuffle_rollout": None, "loss_agg_func": None, "kl_beta": None, "kl_penalty_type": None,
                   "ratio_clip_eps": None, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": None,
                   "entropy_bonus": None, "adv_type": None, "normalize_advantages": None, "gamma": None, "lam": None,
-                  "mismatch_correction": None,
+                  "mismatch_correction": None, "value_clip": None, "logprob_forward_micro_batch_size": None,
                   "sampling_params": {"do_sample": None, "temperature": None, "top_k": None, "top_p": None,
                                       "max_new_tokens": None}},
     "agentloop": {"group_name": None, "max_turns": None, "max_tool_response_length": None,
                   "max_passage_tokens": None, "retokenize": None},
     "tools": {"search": "*"},  # checked by SearchToolConfig
     "rollout": {"group_name": None, "rollout_backend": None, "max_running_requests": None,
+                "gpu_memory_utilization": None, "tensor_parallel_size": None,
                 "model": {"model_path": None, "precision": None}},
-    "inference": {"group_name": None},
+    "inference": {"group_name": None, "load_from_actor": None},
     "data": {"max_prompt_length": None, "rollout_batch_size": None, "apply_chat_template": None, "shuffle": None,
              "seed": None, "train_data_paths": None, "val_data_paths": None},
-    "actor": {"group_name": None, "training_backend": None, "model": {"precision": None},
+    "actor": {"group_name": None, "training_backend": None,
+              "model": {"precision": None, **{key: None for key in MEGATRON_MODEL_KEYS}},
+              "megatron": {"use_hf_ckpt": None, "distributed_timeout_minutes": None,
+                           "ckpt_convertor": {key: None for key in MEGATRON_CONVERTER_KEYS}},
+              "offload_weight": None, "offload_grad": None, "offload_optimizer": None,
               "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,
                         "clip_grad": None},
               "lr_sched": {"lr_warmup_fraction": None, "lr_decay_style": None, "min_lr": None}},
     "reward": {"group_name": None, "reward_type": None, "score": None, "reward_scale": None},
-    "critic": {"use_critic_model": None},
+    "critic": {"use_critic_model": None, "group_name": None, "warmup_steps": None,
+               "model": {"model_path": None, "precision": None},
+               "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,
+                         "clip_grad": None},
+               "lr_sched": {"lr_warmup_fraction": None, "lr_decay_style": None, "min_lr": None}},
 }
 # Old spelling -> new; RLinf itself writes the turn limit both ways.
 DEPRECATED_KEYS = {"agentloop.maxturn": "agentloop.max_turns"}
@@ -145,12 +163,8 @@ class RunConfig:
     """``agentloop`` plus sampling and token budgets."""
     search: SearchToolConfig
     """``tools.search``."""
-    rollout_backend: str
-    """``rollout.rollout_backend`` (``hf``)."""
-    rollout_model_path: str
-    """``rollout.model.model_path``: the starting policy (and reference)."""
-    rollout_max_batch: int
-    """``rollout.max_running_requests``: most sequences an engine decodes at once."""
+    rollout: RolloutConfig
+    """``rollout``: the engine (hf, vllm), the starting policy's path (also the reference), its memory."""
     train_data_paths: tuple[str, ...]
     """Prepared training jsonl files."""
     val_data_paths: tuple[str, ...]
@@ -162,7 +176,9 @@ class RunConfig:
     adv_type: str
     """Advantage estimator name."""
     recompute_logprobs: bool
-    """Recompute old log-probs with the actor instead of using the engine's."""
+    """Recompute old log-probs (actor or InferenceGroup) instead of using the engine's."""
+    inference: InferenceConfig
+    """``inference``: whether an InferenceGroup computes the log-probs apart from the actor, and how."""
     shuffle: bool
     """Shuffle the training prompts each epoch."""
     seed: int
@@ -177,6 +193,8 @@ class RunConfig:
     """Discount (REINFORCE++, GAE)."""
     lam: float = 1.0
     """GAE lambda."""
+    critic: CriticConfig | None = None
+    """The value model for GAE (``critic`` with ``use_critic_model: true``); None without one."""
 
 
 def _get(raw: dict, dotted: str, default: Any = None) -> Any:
@@ -234,19 +252,135 @@ def _policy_loss(raw: dict, max_response_tokens: int) -> PolicyLossConfig:
 
 def _actor(raw: dict, model_path: str, max_response_tokens: int, total_steps: int) -> ActorConfig:
     backend = _get(raw, "actor.training_backend", "fsdp")
-    if backend != "fsdp":
-        raise ConfigError(f"actor.training_backend: {backend!r} is not available in this build; use fsdp")
+    megatron = _megatron(raw, backend, model_path)
     optim, sched = _get(raw, "actor.optim", {}), _get(raw, "actor.lr_sched", {})
     try:
         optim_config = OptimConfig(total_steps=total_steps, **optim, **sched)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"actor.optim / actor.lr_sched: {exc}") from None
     algo = _get(raw, "algorithm", {})
-    return ActorConfig(model_path=model_path, optim=optim_config, loss=_policy_loss(raw, max_response_tokens),
+    return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
+                       optim=optim_config, loss=_policy_loss(raw, max_response_tokens),
                        ppo_epochs=int(algo.get("ppo_epochs", 1)), n_minibatches=int(algo.get("n_minibatches", 1)),
                        max_tokens_per_mbs=_get(raw, "runner.max_tokens_per_mbs"),
                        dtype=_precision(_get(raw, "actor.model.precision", "fp32"), "actor.model.precision"),
-                       seed=int(_get(raw, "data.seed", 0)))
+                       seed=int(_get(raw, "data.seed", 0)), forward_micro_batch_size=_forward_rows(raw),
+                       offload=OffloadConfig(weights=bool(_get(raw, "actor.offload_weight", False)),
+                                             grads=bool(_get(raw, "actor.offload_grad", False)),
+                                             optimizer=bool(_get(raw, "actor.offload_optimizer", False))))
+
+
+def _forward_rows(raw: dict) -> int | None:
+    rows = _get(raw, "algorithm.logprob_forward_micro_batch_size")
+    if rows is not None and int(rows) < 1:
+        raise ConfigError(f"algorithm.logprob_forward_micro_batch_size must be >= 1 (or null for the token budget), "
+                          f"got {rows}")
+    return None if rows is None else int(rows)
+
+
+def _inference(raw: dict, placement: Placement, *, recompute: bool, kl_beta: float) -> InferenceConfig:
+    try:
+        return InferenceConfig.from_placement(
+            placement, recompute=recompute, kl_beta=kl_beta, group_name=_get(raw, "inference.group_name", "InferenceGroup"),
+            load_from_actor=bool(_get(raw, "inference.load_from_actor", True)), forward_micro_batch_size=_forward_rows(raw))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _critic(raw: dict, actor: ActorConfig, *, max_steps: int) -> CriticConfig | None:
+    """``critic`` when ``use_critic_model`` is true: it trains on the actor's batches, with its own optimizer."""
+    if not _get(raw, "critic.use_critic_model", False):
+        return None
+    optim, sched = _get(raw, "critic.optim", {}), _get(raw, "critic.lr_sched", {})
+    try:
+        optim_config = OptimConfig(total_steps=actor.optim.total_steps, **{"lr": CRITIC_LR, **optim}, **sched)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"critic.optim / critic.lr_sched: {exc}") from None
+    value_clip = float(_get(raw, "algorithm.value_clip", 0.5))
+    if value_clip <= 0:
+        raise ConfigError(f"algorithm.value_clip must be > 0, got {value_clip}")
+    warmup = int(_get(raw, "critic.warmup_steps", 0))
+    if not 0 <= warmup < max_steps:
+        raise ConfigError(f"critic.warmup_steps must be in [0, runner.max_steps = {max_steps}), got {warmup}: "
+                          "the actor trains only after it")
+    return CriticConfig(
+        model_path=_get(raw, "critic.model.model_path", actor.model_path), optim=optim_config, value_clip=value_clip,
+        loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
+        n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs,
+        dtype=_precision(_get(raw, "critic.model.precision", "fp32"), "critic.model.precision"), seed=actor.seed,
+        warmup_steps=warmup, group_name=_get(raw, "critic.group_name", "CriticGroup"))
+
+
+def _megatron(raw: dict, backend: str, model_path: str) -> MegatronConfig | None:
+    """``actor.megatron`` and the Megatron-only ``actor.model`` keys: read by that backend, an error elsewhere.
+
+    Only the config is checked here, so a GPU recipe validates on any machine; whether megatron-core
+    and GPUs are there is checked when the run starts (``require_training_backend``)."""
+    if backend not in TRAINING_BACKENDS:
+        raise ConfigError(f"actor.training_backend: unknown {backend!r}; choose one of {sorted(TRAINING_BACKENDS)}")
+    actor = _get(raw, "actor", {})
+    if backend != "megatron":
+        named = [f"actor.model.{key}" for key in MEGATRON_MODEL_KEYS if key in (actor.get("model") or {})]
+        named += ["actor.megatron"] if "megatron" in actor else []
+        if named:
+            raise ConfigError(f"{named[0]}: read by actor.training_backend: megatron only, and this run uses {backend}")
+        return None
+    try:
+        return megatron_config_from_actor(actor, default_hf_model_path=model_path)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _rollout(raw: dict, sampling: SamplingParams, *, recompute: bool) -> RolloutConfig:
+    """``rollout``: which engine, from which weights, with how much memory. A key only another backend
+    reads is an error, not a silent no-op."""
+    section = _get(raw, "rollout", {})
+    backend = section.get("rollout_backend", "hf")
+    try:
+        engine_factory(backend)
+    except ValueError as exc:
+        raise ConfigError(f"rollout.rollout_backend: {exc}") from None
+    unread = [key for key in VLLM_ONLY_KEYS if key in section] if backend != "vllm" else []
+    if unread:
+        raise ConfigError(f"rollout.{unread[0]}: read by rollout_backend vllm only, and this run uses {backend}")
+    if backend == "vllm" and not recompute and (sampling.top_k > 0 or sampling.top_p < 1):
+        raise ConfigError("algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend vllm: "
+                          "vLLM's log-probs are of the top-k/top-p filtered distribution, the trainer's are not")
+    model = section.get("model") or {}
+    precision = model.get("precision")
+    try:
+        return RolloutConfig(
+            backend=backend, model_path=model.get("model_path") or "",
+            dtype="auto" if precision is None else _precision(precision, "rollout.model.precision"),
+            max_running_requests=int(section.get("max_running_requests", 64)),
+            gpu_memory_utilization=float(section.get("gpu_memory_utilization", 0.5)),
+            tensor_parallel_size=int(section.get("tensor_parallel_size", 1)))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _agent_loop(raw: dict, sampling: SamplingParams, *, max_response: int,
+                retokenize: bool) -> tuple[SearchToolConfig, AgentLoopConfig]:
+    """``tools.search`` and ``agentloop`` (with the sampling and token budgets every turn uses)."""
+    try:
+        search = SearchToolConfig(**_get(raw, "tools.search", {}))
+        return search, AgentLoopConfig(
+            max_turns=int(_get(raw, "agentloop.max_turns", 2)), max_tokens_per_turn=sampling.max_new_tokens,
+            max_obs_tokens=int(_get(raw, "agentloop.max_tool_response_length", 500)),
+            max_passage_tokens=int(_get(raw, "agentloop.max_passage_tokens", 150)), max_response_tokens=max_response,
+            topk=search.topk, retokenize=retokenize, sampling=sampling)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _cluster(raw: dict, rollout_backend: str) -> tuple[ClusterConfig, Placement]:
+    """``cluster`` and its placement, on the GPUs it declares (``num_gpus_per_node``) or its CPU slots."""
+    try:
+        cluster = ClusterConfig.from_dict(_get(raw, "cluster", {}))
+        return cluster, validate_placement(cluster.component_placement, backends={"rollout": rollout_backend},
+                                           topology=Topology.from_config(cluster), known_components=COMPONENTS)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _runner(raw: dict) -> RunnerConfig:
@@ -294,8 +428,12 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         raise ConfigError(f"algorithm.adv_type: unknown {adv_type!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}")
     if adv_type in ("grpo", "grpo_no_std", "rloo", "reinforce_plus_plus_baseline") and group_size < 2:
         raise ConfigError(f"algorithm.group_size must be >= 2 for {adv_type}: a group of one has advantage 0")
-    if adv_type == "gae" or _get(raw, "critic.use_critic_model", False):
-        raise ConfigError("algorithm.adv_type gae needs a critic, which this build does not train yet; use grpo")
+    use_critic = bool(_get(raw, "critic.use_critic_model", False))
+    if adv_type == "gae" and not use_critic:
+        raise ConfigError("algorithm.adv_type: gae needs critic.use_critic_model: true (GAE bootstraps from its values)")
+    if use_critic and adv_type != "gae":
+        raise ConfigError(f"critic.use_critic_model: true needs algorithm.adv_type: gae ({adv_type} never reads "
+                          "the critic's values)")
     if (batch * group_size) % minibatches:
         raise ConfigError(f"data.rollout_batch_size * algorithm.group_size ({batch * group_size}) must divide "
                           f"into algorithm.n_minibatches ({minibatches})")
@@ -307,34 +445,23 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     score = _get(raw, "reward.score", "em")
     if score not in REWARDS:
         raise ConfigError(f"reward.score: unknown {score!r}; choose one of {sorted(REWARDS)}")
-    backend = _get(raw, "rollout.rollout_backend", "hf")
-    if backend != "hf":
-        raise ConfigError(f"rollout.rollout_backend: {backend!r} is not available in this build; use hf")
     sampling = _sampling(raw)
-    try:
-        search = SearchToolConfig(**_get(raw, "tools.search", {}))
-        agent_loop = AgentLoopConfig(
-            max_turns=int(_get(raw, "agentloop.max_turns", 2)), max_tokens_per_turn=sampling.max_new_tokens,
-            max_obs_tokens=int(_get(raw, "agentloop.max_tool_response_length", 500)),
-            max_passage_tokens=int(_get(raw, "agentloop.max_passage_tokens", 150)), max_response_tokens=max_response,
-            topk=int(_get(raw, "tools.search.topk", 3)), retokenize=retokenize, sampling=sampling)
-        cluster = ClusterConfig.from_dict(_get(raw, "cluster", {}))
-        placement = validate_placement(cluster.component_placement, backends={"rollout": backend},
-                                       topology=Topology.from_config(cluster), known_components=COMPONENTS)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    rollout = _rollout(raw, sampling, recompute=recompute)
+    search, agent_loop = _agent_loop(raw, sampling, max_response=max_response, retokenize=retokenize)
+    cluster, placement = _cluster(raw, rollout.backend)
     train_paths = tuple(_get(raw, "data.train_data_paths", ()))
     val_paths = tuple(_get(raw, "data.val_data_paths", ()))
     _check_paths(train_paths, "data.train_data_paths", required=True)
     _check_paths(val_paths, "data.val_data_paths", required=False)
     steps_per_update = int(algo.get("ppo_epochs", 1)) * minibatches
+    actor = _actor(raw, model_path, max_response, runner.max_steps * steps_per_update)
     return RunConfig(
-        cluster=cluster, placement=placement, runner=runner, actor=_actor(raw, model_path, max_response, runner.max_steps * steps_per_update),
-        agent_loop=agent_loop, search=search, rollout_backend=backend, rollout_model_path=model_path,
-        rollout_max_batch=int(_get(raw, "rollout.max_running_requests", 64)), train_data_paths=train_paths,
+        cluster=cluster, placement=placement, runner=runner, actor=actor,
+        agent_loop=agent_loop, search=search, rollout=rollout, train_data_paths=train_paths,
         val_data_paths=val_paths, rollout_batch_size=batch, group_size=group_size, adv_type=adv_type,
         recompute_logprobs=recompute, shuffle=bool(_get(raw, "data.shuffle", True)),
+        inference=_inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta),
         seed=int(_get(raw, "data.seed", 0)), reward_score=score, reward_scale=float(_get(raw, "reward.reward_scale", 1.0)),
         normalize_advantages=bool(algo.get("normalize_advantages", True)), gamma=float(algo.get("gamma", 1.0)),
-        lam=float(algo.get("lam", 1.0)))
+        lam=float(algo.get("lam", 1.0)), critic=_critic(raw, actor, max_steps=runner.max_steps))
 

@@ -39,6 +39,11 @@ class RolloutBatch:
     """[B, T] log-probs under the frozen reference model (for the KL term)."""
     advantages: torch.Tensor | None = None
     """[B, T] advantage per token (0 on observation tokens)."""
+    values: torch.Tensor | None = None
+    """[B, T] the critic's value of the state before each response token, before this step's update
+    (GAE's baseline and the anchor of the clipped value loss); read only on model tokens."""
+    returns: torch.Tensor | None = None
+    """[B, T] the critic's regression target (GAE: advantages before whitening + values; 0 on observation tokens)."""
     extra: dict = field(default_factory=dict)
     """Per-row values that are not tensors the trainer needs (data sources, searches), for metrics."""
 

@@ -2,7 +2,9 @@
 
 ``CKPT_DIR/global_step_N/`` holds the policy in Hugging Face format (``hf_model/``: loads with
 ``from_pretrained``, so eval and conversion read it directly), the optimizer and schedule
-(``training_state.pt``) and the runner's state (``runner_state.json``: step, data position, RNG).
+(``training_state.pt``) and the runner's state (``runner_state.json``: step, data position, RNG);
+with a critic, ``critic/`` holds the value model (``hf_model/``) and its own ``training_state.pt``;
+pipelined, ``pending_rollout.pt`` holds the next step's rollout, generated before the checkpoint.
 A checkpoint is written to a temporary folder and renamed into place, then marked ``COMPLETE``;
 a folder without the mark (a crash mid-write, a truncated copy) is never resumed from.
 """
@@ -26,6 +28,8 @@ COMPLETE_MARK = "COMPLETE"
 HF_SUBDIR = "hf_model"
 TRAINING_STATE = "training_state.pt"
 RUNNER_STATE = "runner_state.json"
+CRITIC_SUBDIR = "critic"
+PENDING_ROLLOUT = "pending_rollout.pt"
 
 
 @dataclass
@@ -40,6 +44,9 @@ class RunnerState:
     """Batches of the current epoch already consumed."""
     rng: dict = field(default_factory=dict)
     """Python, numpy and torch RNG states (serialised)."""
+    rollout_rng: list = field(default_factory=list)
+    """Per rollout rank, its sampling generator's state (bytes as ints), so the rollouts after a
+    resume sample exactly what the uninterrupted run would have."""
 
 
 def capture_rng() -> dict:
@@ -65,12 +72,32 @@ def _json_default(value):
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-def save_checkpoint(ckpt_dir: Path, state: RunnerState, *, model, tokenizer, training_state: dict) -> Path:
-    """Write checkpoint ``global_step_{state.global_step}`` atomically; return its folder."""
-    final = Path(ckpt_dir) / f"global_step_{state.global_step}"
-    staging = final.with_name(final.name + ".tmp")
+def _staging(ckpt_dir: Path, step: int) -> Path:
+    return Path(ckpt_dir) / f"global_step_{step}.tmp"
+
+
+def begin_checkpoint(ckpt_dir: Path, step: int) -> Path:
+    """An empty staging folder for checkpoint ``step``. Parts written by other groups (the critic's
+    ``critic/``) go in it before ``save_checkpoint(..., begun=True)`` seals it, so the checkpoint
+    appears whole or not at all."""
+    staging = _staging(ckpt_dir, step)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    return staging
+
+
+def save_checkpoint(ckpt_dir: Path, state: RunnerState, *, model, tokenizer, training_state: dict,
+                    begun: bool = False) -> Path:
+    """Write checkpoint ``global_step_{state.global_step}`` atomically; return its folder.
+
+    ``begun``: ``begin_checkpoint`` made the staging folder and other parts may be in it already.
+    """
+    final = Path(ckpt_dir) / f"global_step_{state.global_step}"
+    staging = _staging(ckpt_dir, state.global_step)
+    if not begun:
+        begin_checkpoint(ckpt_dir, state.global_step)
+    elif not staging.is_dir():
+        raise FileNotFoundError(f"{staging}: begin_checkpoint was not called for step {state.global_step}")
     model.save_pretrained(staging / HF_SUBDIR)
     tokenizer.save_pretrained(staging / HF_SUBDIR)
     torch.save(training_state, staging / TRAINING_STATE)
@@ -94,8 +121,19 @@ def _is_usable(folder: Path) -> bool:
     except Exception as exc:  # noqa: BLE001 - any unreadable part disqualifies the checkpoint
         log.warning("checkpoint %s is damaged (%s); using an earlier one", folder, exc)
         return False
-    weights = list((folder / HF_SUBDIR).glob("*.safetensors")) + list((folder / HF_SUBDIR).glob("*.bin"))
-    return bool(weights) and all(w.stat().st_size > 0 for w in weights)
+    critic = folder / CRITIC_SUBDIR
+    models = [folder / HF_SUBDIR] + ([critic / HF_SUBDIR] if critic.is_dir() else [])
+    for model_dir in models:
+        weights = list(model_dir.glob("*.safetensors")) + list(model_dir.glob("*.bin"))
+        if not weights or any(w.stat().st_size == 0 for w in weights):
+            return False
+    if critic.is_dir():
+        try:
+            torch.load(critic / TRAINING_STATE, map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - same rule as the policy's state
+            log.warning("checkpoint %s has a damaged critic (%s); using an earlier one", folder, exc)
+            return False
+    return True
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -113,6 +151,19 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
             return folder
         log.warning("skipping unusable checkpoint %s", folder)
     return None
+
+
+def stage_pending_rollout(staging: Path, trajectories: list) -> None:
+    """Pipelined runs: the next step's rollout, already generated (by the weights before this
+    step's update) when the checkpoint is taken. A resume trains on it instead of generating it
+    again with the newer weights, which would change the run."""
+    torch.save(trajectories, Path(staging) / PENDING_ROLLOUT)
+
+
+def load_pending_rollout(folder: Path) -> list | None:
+    """The trajectories ``stage_pending_rollout`` kept, or None."""
+    path = Path(folder) / PENDING_ROLLOUT
+    return torch.load(path, weights_only=False) if path.is_file() else None
 
 
 def load_checkpoint(folder: Path) -> tuple[RunnerState, dict]:

@@ -1,12 +1,15 @@
 """The training loop over worker groups: rollout, reward, log-probs, advantages, update, weight sync.
 
 One step, collocated: the rollout group generates (its engine onloaded), the reward group scores,
-the actor group recomputes old and reference log-probs, the driver computes advantages, the actor
-trains, and the new weights go to the rollout group with a version number.
+the actor group (or an InferenceGroup on devices of its own) computes old and reference
+log-probs, the critic group (GAE only) scores values, the driver computes advantages, the actor
+and critic train, and the new weights go to the rollout group (and the InferenceGroup's policy
+copy) with a version number.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -24,9 +27,20 @@ from rlinf_search.data.batch import RolloutBatch, collate_trajectories
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prepare import load_records
 from rlinf_search.data.prompt_stream import PromptStream
-from rlinf_search.runners.checkpoint import RunnerState, capture_rng, latest_checkpoint, load_checkpoint, restore_rng
+from rlinf_search.runners.checkpoint import (
+    CRITIC_SUBDIR,
+    RunnerState,
+    begin_checkpoint,
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    load_pending_rollout,
+    restore_rng,
+    stage_pending_rollout,
+)
 from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.scheduler import WeightSync, WorkerGroup, wait_all
+from rlinf_search.workers.critic.value_trainer import batch_value_metrics
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +52,28 @@ class Groups:
     rollout: WorkerGroup
     actor: WorkerGroup
     reward: WorkerGroup
+    critic: WorkerGroup | None = None
+    """The value model (``critic.use_critic_model``), on the actor's devices; None without one."""
+    inference: WorkerGroup | None = None
+    """Old and reference log-probs on devices of its own (``InferenceConfig.separate``); None: the
+    actor computes them."""
+
+
+@dataclass
+class PendingRollout:
+    """A rollout launched ahead of its step (pipelined), or restored from a checkpoint."""
+
+    records: list[QARecord]
+    """The step's prompts."""
+    calls: list = field(default_factory=list)
+    """The rollout ranks' calls, until collected."""
+    trajectories: list[Trajectory] | None = None
+    """The trajectories, once collected."""
+
+    def result(self) -> list[Trajectory]:
+        if self.trajectories is None:
+            self.trajectories = [traj for part in wait_all(self.calls) for traj in part]
+        return self.trajectories
 
 
 @dataclass
@@ -79,18 +115,42 @@ class SearchR1Runner:
         self.stream = PromptStream(records, config.rollout_batch_size, shuffle=config.shuffle, seed=config.seed)
         self.val_records = [r for path in config.val_data_paths for r in load_records(path)]
         self.state = RunnerState()
+        self.pipelined = config.placement.mode == "disaggregated"
+        self._prefetched: PendingRollout | None = None
+        self._unsynced_version: int | None = None
         if resumed_from is not None:
-            self.state, _ = load_checkpoint(resumed_from)
-            self.stream.seek(self.state.epoch, self.state.batch_in_epoch)
-            restore_rng(self.state.rng)
-            log.info("resumed from %s at step %d", resumed_from, self.state.global_step)
+            self._resume(Path(resumed_from))
+        self._trained_position = (self.stream.epoch, self.stream.batch_in_epoch)
+        if self._prefetched is not None:  # its prompts are the next batch of the stream
+            self._prefetched.records = self.stream.next_batch()
         self.logger = MetricLogger(Path(config.runner.log_path), list(config.runner.logger_backends),
                                    project=config.runner.project_name, experiment=config.runner.experiment_name)
-        self.weight_sync = WeightSync(groups.actor, [groups.rollout])
-        self.pipelined = config.placement.mode == "disaggregated"
-        self._prefetched: tuple[list[QARecord], list] | None = None
-        self._unsynced_version: int | None = None
-        self._trained_position = (self.stream.epoch, self.stream.batch_in_epoch)
+        # The InferenceGroup's policy copy follows the actor like the engine does.
+        policy_copies = [groups.inference] if groups.inference is not None and config.recompute_logprobs else []
+        self.weight_sync = WeightSync(groups.actor, [groups.rollout] + policy_copies)
+        # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
+        shared = set(groups.rollout.placement.devices) & set(groups.actor.placement.devices)
+        self._offload_engine = bool(shared) and not self.pipelined
+
+    def _resume(self, folder: Path) -> None:
+        """Data position, RNGs, each rollout rank's sampling state, and (pipelined) the rollout that
+        was already generated for the next step."""
+        self.state, _ = load_checkpoint(folder)
+        self.stream.seek(self.state.epoch, self.state.batch_in_epoch)
+        restore_rng(self.state.rng)
+        ranks = self.groups.rollout.world_size
+        if len(self.state.rollout_rng) == ranks:
+            call_each(self.groups.rollout, "set_rng_state", [(state,) for state in self.state.rollout_rng])
+        else:
+            log.warning("the checkpoint holds sampling states for %d rollout ranks and this run has %d: rollouts "
+                        "will differ from an uninterrupted run", len(self.state.rollout_rng), ranks)
+        pending = load_pending_rollout(folder)
+        if pending is not None and self.pipelined:
+            self._prefetched = PendingRollout(records=[], trajectories=pending)
+        elif pending is not None:
+            log.warning("%s holds a pipelined run's next rollout; this placement is not pipelined, so it is "
+                        "generated again", folder)
+        log.info("resumed from %s at step %d", folder, self.state.global_step)
 
     # ---- one step ---------------------------------------------------------------------------
     def _launch_rollout(self, records: list[QARecord], samples: int, *, greedy: bool = False) -> list:
@@ -103,25 +163,75 @@ class SearchR1Runner:
         return [traj for part in wait_all(calls) for traj in part]
 
     def _rollout(self, records: list[QARecord], samples: int, *, greedy: bool = False) -> list[Trajectory]:
-        return self._collect(self._launch_rollout(records, samples, greedy=greedy))
+        if self._offload_engine:
+            self.groups.rollout.call("onload").wait()
+        trajectories = self._collect(self._launch_rollout(records, samples, greedy=greedy))
+        if self._offload_engine:
+            self.groups.rollout.call("offload").wait()
+        return trajectories
 
     def _score(self, trajectories: list[Trajectory]) -> list[dict[str, float]]:
         return self.groups.reward.call("score", trajectories).wait()[0]
 
-    def _actor_call(self, method: str, batch: RolloutBatch) -> tuple[list[list[int]], list]:
-        """Each actor rank runs ``method`` on its share of the rows: (the rows per rank, the results)."""
-        rows = shard(list(range(len(batch))), self.groups.actor.world_size)
-        return rows, call_each(self.groups.actor, method, [(batch.select(r),) for r in rows])
+    @staticmethod
+    def _launch_shards(group: WorkerGroup, method: str, batch: RolloutBatch) -> list:
+        """Start ``method`` on every rank of ``group`` with its share of the rows; the calls to wait on."""
+        rows = shard(list(range(len(batch))), group.world_size)
+        return [group.call_on(rank, method, batch.select(part)) for rank, part in enumerate(rows)]
+
+    def _values(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` critic values before this step's update, computed on every model, observation and
+        padding position; GAE reads them on model tokens only (see ``algorithms.advantages.gae``)."""
+        rows = shard(list(range(len(batch))), self.groups.critic.world_size)
+        values = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+        for part_rows, part in zip(rows, wait_all(self._launch_shards(self.groups.critic, "compute_values", batch))):
+            values[part_rows, : part.shape[1]] = part
+        return values
+
+    def _advantages(self, batch: RolloutBatch) -> None:
+        """Advantages (and, with a critic, values and returns) on ``batch``.
+
+        GAE runs over model tokens only: an observation token is the environment's move, not a time
+        step, so a turn's last token bootstraps from the value of the next turn's first token, whose
+        state already contains the observation; values on observation and padding tokens are never
+        read. The outcome reward sits on the last model token; KL stays a loss term, not a reward.
+        """
+        if self.groups.critic is not None:
+            batch.values = self._values(batch)
+        out = compute_advantages(self.config.adv_type, rewards=batch.rewards, response_mask=batch.response_mask,
+                                 uids=batch.uids, values=batch.values, gamma=self.config.gamma, lam=self.config.lam,
+                                 normalize_advantages=self.config.normalize_advantages)
+        batch.advantages, batch.returns = out.advantages, out.returns
+
+    def _update(self, batch: RolloutBatch) -> tuple[list[dict], list[dict]]:
+        """Actor and critic updates, run at once (separate processes); during ``critic.warmup_steps``
+        only the critic trains. Returns the metrics of each group's ranks."""
+        critic = self.config.critic
+        train_actor = critic is None or self.state.global_step >= critic.warmup_steps
+        actor_calls = self._launch_shards(self.groups.actor, "train", batch) if train_actor else []
+        critic_calls = self._launch_shards(self.groups.critic, "train", batch) if critic is not None else []
+        results = wait_all(actor_calls + critic_calls)
+        return results[: len(actor_calls)], results[len(actor_calls):]
 
     def _logprobs(self, batch: RolloutBatch) -> None:
-        rows, results = self._actor_call("compute_logprobs", batch)
-        batch.old_logprobs = torch.zeros_like(batch.rollout_logprobs)
-        batch.ref_logprobs = torch.zeros_like(batch.rollout_logprobs) if results[0]["ref"] is not None else None
-        for part_rows, result in zip(rows, results):
-            width = result["old"].shape[1]
-            batch.old_logprobs[part_rows, :width] = result["old"]
-            if batch.ref_logprobs is not None:
-                batch.ref_logprobs[part_rows, :width] = result["ref"]
+        """Old (``recompute_logprobs``, else the engine's) and reference (``kl_beta`` > 0) log-probs;
+        computed by the InferenceGroup when it has devices of its own, else by the actor."""
+        recompute, kl = self.config.recompute_logprobs, self.config.actor.loss.kl_beta > 0
+        if recompute or kl:
+            group = self.groups.inference if self.groups.inference is not None else self.groups.actor
+            rows = shard(list(range(len(batch))), group.world_size)
+            results = wait_all(self._launch_shards(group, "compute_logprobs", batch))
+
+            def merged(parts: list[torch.Tensor]) -> torch.Tensor:
+                out = torch.zeros_like(batch.rollout_logprobs)
+                for part_rows, part in zip(rows, parts):
+                    out[part_rows, : part.shape[1]] = part
+                return out
+
+            batch.old_logprobs = merged([r.old for r in results]) if recompute else None
+            batch.ref_logprobs = merged([r.ref for r in results]) if kl else None
+        if not recompute:
+            batch.old_logprobs = batch.rollout_logprobs.clone()
 
     def _next_rollout(self, timer: StepTimer, *, prefetch: bool) -> tuple[list[QARecord], list[Trajectory]]:
         """This step's prompts and trajectories.
@@ -139,10 +249,10 @@ class SearchR1Runner:
                 return records, self._rollout(records, self.config.group_size)
         if self._prefetched is None:
             self._prefetched = self._prefetch()
-        records, calls = self._prefetched
+        records = self._prefetched.records
         self._trained_position = (self.stream.epoch, self.stream.batch_in_epoch)
         with timer.phase("rollout"):
-            trajectories = self._collect(calls)
+            trajectories = self._prefetched.result()
         if self._unsynced_version is not None:
             with timer.phase("weight_sync"):
                 self.weight_sync.sync(version=self._unsynced_version)
@@ -150,46 +260,52 @@ class SearchR1Runner:
         self._prefetched = self._prefetch() if prefetch else None
         return records, trajectories
 
-    def _prefetch(self) -> tuple[list[QARecord], list]:
+    def _prefetch(self) -> PendingRollout:
         records = self.stream.next_batch()
-        return records, self._launch_rollout(records, self.config.group_size)
+        return PendingRollout(records, calls=self._launch_rollout(records, self.config.group_size))
 
     def train_step(self, *, prefetch: bool = False) -> dict[str, float]:
         timer = StepTimer()
         records, trajectories = self._next_rollout(timer, prefetch=prefetch)
-        self._record_batch(records)
+        self._record_batch(records, trajectories)
         with timer.phase("reward"):
             scores = self._score(trajectories)
         batch = collate_trajectories(trajectories, [s["reward"] for s in scores], pad_id=0)
         with timer.phase("inference"):
-            if self.config.recompute_logprobs or self.config.actor.loss.kl_beta > 0:
-                self._logprobs(batch)
-            if not self.config.recompute_logprobs:
-                batch.old_logprobs = batch.rollout_logprobs.clone()
-        batch.advantages = compute_advantages(self.config.adv_type, rewards=batch.rewards,
-                                              response_mask=batch.response_mask, uids=batch.uids).advantages
+            self._logprobs(batch)
+        with timer.phase("advantages"):  # with a critic, its forward pass is most of it
+            self._advantages(batch)
         with timer.phase("training"):
-            _, actor_metrics = self._actor_call("train", batch)
+            actor_metrics, critic_metrics = self._update(batch)
         if self.pipelined:
             self._unsynced_version = self.state.global_step + 1  # sent once the rollout in flight is done
         else:
             with timer.phase("weight_sync"):
                 self.weight_sync.sync(version=self.state.global_step + 1)
-        return self._step_metrics(trajectories, scores, actor_metrics, timer)
+        metrics = self._step_metrics(trajectories, scores, actor_metrics + critic_metrics, timer)
+        if self.groups.critic is not None:
+            metrics.update(batch_value_metrics(batch))
+        return metrics
 
-    def _record_batch(self, records: list[QARecord]) -> None:
-        """Append the step's prompt uids to ``batches.jsonl``: an audit trail of the data order."""
+    def _record_batch(self, records: list[QARecord], trajectories: list[Trajectory]) -> None:
+        """Append the step's prompt uids and a digest of each trajectory's response ids to
+        ``batches.jsonl``: an audit trail of the data order and of what was sampled (a resumed run
+        can be checked against an uninterrupted one)."""
         path = Path(self.config.runner.log_path) / "batches.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
+        digests = [hashlib.sha256(json.dumps(t.response_ids).encode()).hexdigest()[:16] for t in trajectories]
+        row = {"step": self.state.global_step + 1, "uids": [r.uid for r in records], "responses": digests}
         with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"step": self.state.global_step + 1, "uids": [r.uid for r in records]}) + "\n")
+            handle.write(json.dumps(row) + "\n")
 
-    def _step_metrics(self, trajectories, scores, actor_metrics, timer: StepTimer) -> dict[str, float]:
+    def _step_metrics(self, trajectories, scores, rank_metrics: list[dict], timer: StepTimer) -> dict[str, float]:
+        """``rank_metrics``: one dict per trained rank (actor and critic); each key is averaged over ranks."""
         metrics = rollout_metrics(trajectories)
         metrics["reward/mean"] = sum(s["reward"] for s in scores) / len(scores)
         metrics["reward/em"] = sum(s["em"] for s in scores) / len(scores)
-        for key in actor_metrics[0]:
-            metrics[key] = sum(m[key] for m in actor_metrics) / len(actor_metrics)
+        for key in dict.fromkeys(key for m in rank_metrics for key in m):
+            reported = [m[key] for m in rank_metrics if key in m]
+            metrics[key] = sum(reported) / len(reported)
         total = sum(timer.seconds.values())
         metrics.update({f"time/{name}_s": value for name, value in timer.seconds.items()})
         metrics["time/step_s"] = total
@@ -217,7 +333,19 @@ class SearchR1Runner:
         # The position after the batch just trained on, not after one prefetched for the next step.
         self.state.epoch, self.state.batch_in_epoch = self._trained_position
         self.state.rng = capture_rng()
-        paths = self.groups.actor.call("save", str(self.ckpt_dir), self.state).wait()
+        # Pipelined, the next step's rollout is in flight; its rank's sampling state is read after
+        # it (calls queue per rank), and it is kept: a resume could not generate it again, since
+        # it was sampled by the weights before this step's update.
+        pending = self._prefetched.result() if self._prefetched is not None else None
+        self.state.rollout_rng = self.groups.rollout.call("rng_state").wait()
+        # Every part goes into one staging folder that the actor seals last: a crash at any point
+        # leaves no checkpoint that has the policy but not the critic.
+        staging = begin_checkpoint(self.ckpt_dir, self.state.global_step)
+        if pending is not None:
+            stage_pending_rollout(staging, pending)
+        if self.groups.critic is not None:
+            self.groups.critic.call("save", str(staging / CRITIC_SUBDIR)).wait()
+        paths = self.groups.actor.call("save", str(self.ckpt_dir), self.state, begun=True).wait()
         return Path(paths[0])
 
     def fit(self) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlinf_search.workers.actor.megatron.config import MegatronConfig
+from rlinf_search.workers.offload import OffloadConfig
+
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """``actor.optim`` and ``actor.lr_sched``."""
+    """``actor.optim`` and ``actor.lr_sched`` (and ``critic.optim`` / ``critic.lr_sched``)."""
 
     lr: float = 1e-6
     """Peak learning rate (Search-R1: 1e-6)."""
@@ -32,9 +35,9 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         if self.lr_decay_style not in ("constant", "cosine"):
-            raise ValueError(f"actor.lr_sched.lr_decay_style must be constant or cosine, got {self.lr_decay_style!r}")
+            raise ValueError(f"lr_decay_style must be constant or cosine, got {self.lr_decay_style!r}")
         if not 0.0 <= self.lr_warmup_fraction <= 1.0:
-            raise ValueError(f"actor.lr_sched.lr_warmup_fraction must be in [0, 1], got {self.lr_warmup_fraction}")
+            raise ValueError(f"lr_warmup_fraction must be in [0, 1], got {self.lr_warmup_fraction}")
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,14 @@ class ActorConfig:
     """Training precision of the parameters: ``float32`` or ``bfloat16``."""
     seed: int = 0
     """Seed for mini-batch shuffling."""
+    training_backend: str = "fsdp"
+    """``actor.training_backend``: ``fsdp`` (a HF model, data parallel; CPU or GPU) or ``megatron``
+    (megatron-core, tensor parallel; GPUs only). See ``workers/actor/backends.py``."""
+    megatron: MegatronConfig | None = None
+    """The Megatron backend's parallel/recompute settings; None for ``fsdp``."""
+    forward_micro_batch_size: int | None = None
+    """``algorithm.logprob_forward_micro_batch_size``: rows per forward-only pass (old and reference
+    log-probs); None packs rows by ``max_tokens_per_mbs`` instead."""
+    offload: OffloadConfig = OffloadConfig()
+    """``actor.offload_weight`` / ``offload_grad`` / ``offload_optimizer``: what leaves the device
+    after each update until the actor's next phase."""

@@ -1,0 +1,50 @@
+"""A rank of the CriticGroup: the value model, its updates and its part of each checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlinf_search.config import RunConfig
+from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.runners.checkpoint import CRITIC_SUBDIR
+from rlinf_search.scheduler import Worker
+from rlinf_search.workers.critic.value_trainer import ValueTrainer
+from rlinf_search.workers.offload import Offloader
+
+
+class CriticWorker(Worker):
+    """Data-parallel value training: every rank gets its share of the rows of a batch.
+
+    ``resume_from`` is a checkpoint folder; the critic's weights and optimizer come from its ``critic/``.
+    """
+
+    def __init__(self, config: RunConfig, resume_from: str | None = None):
+        if config.critic is None:
+            raise ValueError("CriticWorker needs critic.use_critic_model: true")
+        if self.world_size > 1:
+            self.init_process_group()
+        if resume_from:
+            self.trainer = ValueTrainer.from_checkpoint(config.critic, Path(resume_from) / CRITIC_SUBDIR)
+        else:
+            self.trainer = ValueTrainer(config.critic)
+        # The critic shares the actor's devices, so it steps aside when the actor does (actor.offload_*).
+        self.offloader = Offloader(config.actor.offload, modules=[self.trainer.model], optimizer=self.trainer.optimizer,
+                                   device=self.trainer.device)
+
+    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` values of this rank's rows under the current weights (before this step's update)."""
+        self.offloader.onload()
+        return self.trainer.compute_values(batch)
+
+    def train(self, batch: RolloutBatch) -> dict[str, float]:
+        self.offloader.onload()
+        metrics = self.trainer.train_on_batch(batch)
+        self.offloader.offload()  # checkpoints read the weights wherever they are
+        return metrics
+
+    def save(self, folder: str) -> None:
+        """Rank 0 writes the critic into ``folder`` (the ``critic/`` of a checkpoint being staged)."""
+        if self.rank == 0:
+            self.trainer.save(Path(folder))
