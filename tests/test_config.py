@@ -53,6 +53,14 @@ def test_resolvers_and_deprecated_key(cfg, caplog):
     (lambda c: c.cluster.update({"component_placement": {"actor": "0-7"}}),
      "cluster.component_placement.actor: device range 0-7 exceeds"),
     (lambda c: c.actor.lr_sched.update({"lr_decay_style": "linear"}), "lr_decay_style must be constant or cosine"),
+    (lambda c: c.cluster.update({"component_placement": {"actor,rollout,reward": "0", "inference": "0-1"}}),
+     "inference shares some of the actor's devices but not all"),
+    (lambda c: c.cluster.update({"component_placement": {"actor,rollout,reward": "0", "inference": "1"}})
+     or c.algorithm.update({"recompute_logprobs": False, "kl_beta": 0.0}), "inference has devices of its own but nothing"),
+    (lambda c: c.cluster.update({"component_placement": {"actor,rollout,reward": "0", "inference": "1"}})
+     or c.inference.update({"load_from_actor": False}), "inference.load_from_actor: false would score"),
+    (lambda c: c.algorithm.update({"logprob_forward_micro_batch_size": 0}),
+     "algorithm.logprob_forward_micro_batch_size must be >= 1"),
 ])
 def test_broken_rules_name_the_key(cfg, change, message):
     change(cfg)
@@ -60,3 +68,11 @@ def test_broken_rules_name_the_key(cfg, change, message):
         validate_cfg(cfg)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_inference_group_only_on_devices_of_its_own(cfg):
+    assert not validate_cfg(cfg).inference.separate, "placed with the actor: the actor computes log-probs"
+    cfg.cluster.component_placement = {"actor,rollout,reward": "0", "inference": "1"}
+    cfg.algorithm.logprob_forward_micro_batch_size = 8
+    run = validate_cfg(cfg)
+    assert run.inference.separate and run.inference.forward_micro_batch_size == run.actor.forward_micro_batch_size == 8

@@ -147,3 +147,24 @@ def test_update_weights_offload_and_bad_input(engine, tiny_model_dir):
         asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=10**6)))
     with pytest.raises(ValueError, match="temperature > 0"):
         asyncio.run(engine.generate(prompt, SamplingParams(temperature=0.0)))
+
+
+def test_seeded_requests_sample_the_same_in_any_batch(engine):
+    """A request with a seed of its own draws the same tokens alone, batched, or joining mid-decode:
+    what a resumed run needs, since admission order follows timing (searches, thread wake-ups)."""
+    prompts = [_prompt(engine, text) for text in ("Who", "If Gallu is a demon Lilu is what?", "Christopher")]
+    params = [SamplingParams(max_new_tokens=20, temperature=1.0, stop_at_eos=False, seed=100 + i) for i in range(3)]
+
+    async def together(order, stagger_s=0.0):
+        async def one(i):
+            await asyncio.sleep(stagger_s * i)
+            return i, await engine.generate(prompts[i], params[i])
+        return dict(await asyncio.gather(*(one(i) for i in order)))
+
+    batched, reordered, staggered = (asyncio.run(together([0, 1, 2])), asyncio.run(together([2, 0, 1])),
+                                     asyncio.run(together([1, 2, 0], stagger_s=0.01)))
+    alone = {i: asyncio.run(engine.generate(prompts[i], params[i])) for i in range(3)}
+    for i in range(3):
+        assert batched[i].output_ids == reordered[i].output_ids == staggered[i].output_ids == alone[i].output_ids
+    other = asyncio.run(engine.generate(prompts[0], SamplingParams(max_new_tokens=20, stop_at_eos=False, seed=7)))
+    assert other.output_ids != alone[0].output_ids

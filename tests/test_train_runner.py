@@ -1,7 +1,7 @@
 """A real training run through Ray worker groups on CPU: a tiny Qwen2, a real retrieval server, GRPO.
 
-Collocated and disaggregated placements; a run killed after step 2 resumes at step 2 with the same
-data order and optimizer state.
+Collocated and disaggregated placements, an InferenceGroup on a CPU slot of its own; a killed run
+resumes with the same data order, optimizer state and sampled tokens.
 """
 
 from __future__ import annotations
@@ -15,15 +15,23 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from rlinf_search.config import validate_cfg
+from rlinf_search.data.batch import collate_trajectories
+from rlinf_search.data.prepare import load_records
 from rlinf_search.retrieval.build_index import main as build_index_main
 from rlinf_search.retrieval.launch import RetrievalServerProcess
 from rlinf_search.runners.checkpoint import latest_checkpoint, load_checkpoint
+from rlinf_search.runners.train_main import launch_groups
+from rlinf_search.runners.train_runner import SearchR1Runner
+from rlinf_search.scheduler import Cluster
 from toolkits.synth_task import SynthSpec, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
+# Four CPU slots on a 2-core machine: a slot is a scheduling unit, not a core (docs/runtime.md).
+PIPELINED = {"actor": "0", "rollout": "1", "reward": "2", "inference": "3"}
 
 
 @pytest.fixture(scope="module")
@@ -98,43 +106,88 @@ def test_three_steps_through_worker_groups(tmp_path, synth, server, tiny_model_d
     rows = _metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in ("reward/mean", "reward/em", "rollout/searches_per_trajectory", "actor/grad_norm", "actor/kl",
-                "actor/clip_fraction", "rollout/drift_rate", "time/rollout_s", "time/training_s",
+                "actor/clip_fraction", "rollout/drift_rate", "time/rollout_s", "time/inference_s", "time/training_s",
                 "time/weight_sync_s", "throughput/tokens_per_s"):
         assert key in rows[-1], key
     assert "val/em" in rows[-1]
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "global_step_3"
 
 
-def _batches(run_dir: Path) -> dict[int, list[str]]:
+def test_inference_group_on_its_own_slot_scores_like_the_actor(tmp_path, synth, server, tiny_model_dir):
+    """Three pipelined steps with old and reference log-probs on the InferenceGroup's slot; then its
+    policy copy (synced after every update) must score a fresh rollout as the actor itself does."""
+    cfg = _config(tmp_path, synth, server, tiny_model_dir, **{"algorithm.logprob_forward_micro_batch_size": 3})
+    cfg.cluster.cpu_slots_per_node = 4
+    cfg.cluster.component_placement = PIPELINED
+    config = validate_cfg(cfg)
+    assert config.placement.mode == "disaggregated" and config.inference.separate
+    with Cluster(config.cluster) as cluster:
+        groups = launch_groups(config, cluster, None)
+        assert groups.inference is not None and groups.inference.placement.devices == (3,)
+        runner = SearchR1Runner(config, groups)
+        runner.fit()  # ends with the last update synced to the engine and the InferenceGroup
+        rows = _metrics(tmp_path / "run")
+        assert [r["step"] for r in rows] == [1, 2, 3] and all(r["time/inference_s"] > 0 for r in rows)
+
+        records = load_records(config.val_data_paths[0])[:4]
+        trajectories = groups.rollout.call_on(0, "rollout", records, 2).wait()
+        batch = collate_trajectories(trajectories, [0.0] * len(trajectories), pad_id=0)
+        ours = groups.inference.call_on(0, "compute_logprobs", batch).wait()
+        actors = groups.actor.call_on(0, "compute_logprobs", batch).wait()
+        runner.weight_sync.close()
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(ours.old[mask], actors.old[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.ref[mask], actors.ref[mask], atol=1e-5, rtol=0)
+    assert (ours.old[mask] - ours.ref[mask]).abs().max() > 1e-3, "three updates moved the policy off the reference"
+
+
+def _batches(run_dir: Path) -> dict[int, dict]:
+    """Each step's row of batches.jsonl (prompt uids and response digests); a resumed step's row
+    replaces the one its killed run wrote."""
     rows = [json.loads(line) for line in (run_dir / "logs" / "batches.jsonl").read_text().splitlines()]
-    return {row["step"]: row["uids"] for row in rows}
+    return {row["step"]: row for row in rows}
 
 
-def test_killed_run_resumes_exactly(tmp_path, synth, server, tiny_model_dir):
-    full = _config(tmp_path / "full", synth, server, tiny_model_dir)
+@pytest.mark.parametrize("placement, killed_after", [(None, 2), (PIPELINED, 1)], ids=["collocated", "pipelined"])
+def test_killed_run_resumes_exactly(tmp_path, synth, server, tiny_model_dir, placement, killed_after):
+    """Killed after a checkpoint, the resumed run repeats nothing, loses nothing, and samples the very
+    tokens the uninterrupted run sampled. Pipelined, the kill comes after step 1, so step 2 trains on
+    the rollout the checkpoint kept and step 3's is generated after the resume."""
+    def config(where, **changes):
+        cfg = _config(where, synth, server, tiny_model_dir, **changes)
+        if placement:
+            cfg.cluster.cpu_slots_per_node = 4
+            cfg.cluster.component_placement = placement  # replaced, not merged into the default
+        return cfg
+
+    full = config(tmp_path / "full")
     assert _run(full, tmp_path / "full").returncode == 0
 
-    cut = _config(tmp_path / "cut", synth, server, tiny_model_dir, **{"runner.resume_dir": "auto"})
+    cut = config(tmp_path / "cut", **{"runner.resume_dir": "auto"})
     process = subprocess.Popen(_command(cut, tmp_path / "cut"), cwd=ROOT, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    mark = tmp_path / "cut" / "run" / "checkpoints" / "global_step_2" / "COMPLETE"
+    mark = tmp_path / "cut" / "run" / "checkpoints" / f"global_step_{killed_after}" / "COMPLETE"
     deadline = time.monotonic() + 600
     while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)  # the driver and everything it started, mid step 3
+    os.killpg(process.pid, signal.SIGKILL)  # the driver and everything it started, mid next step
     process.wait()
-    assert mark.exists(), "the run should have been killed after its step-2 checkpoint"
-    assert [r["step"] for r in _metrics(tmp_path / "cut" / "run")] == [1, 2]
+    assert mark.exists(), f"the run should have been killed after its step-{killed_after} checkpoint"
+    assert [r["step"] for r in _metrics(tmp_path / "cut" / "run")] == list(range(1, killed_after + 1))
 
-    result = _run(cut, tmp_path / "cut")  # same command: resume_dir auto picks checkpoint 2
+    result = _run(cut, tmp_path / "cut")  # same command: resume_dir auto picks the newest checkpoint
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in _metrics(tmp_path / "cut" / "run")] == [1, 2, 3], "nothing repeated, nothing lost"
     full_batches, cut_batches = _batches(tmp_path / "full" / "run"), _batches(tmp_path / "cut" / "run")
-    assert cut_batches[3] == full_batches[3], "the resumed step trains on the same prompts"
+    for step in range(killed_after + 1, 4):
+        assert cut_batches[step]["uids"] == full_batches[step]["uids"], f"step {step} trains on the same prompts"
+        assert cut_batches[step]["responses"] == full_batches[step]["responses"], \
+            f"step {step} samples the same response ids as the uninterrupted run"
     state, training = load_checkpoint(latest_checkpoint(tmp_path / "cut" / "run" / "checkpoints"))
     reference_state, reference_training = load_checkpoint(latest_checkpoint(tmp_path / "full" / "run" / "checkpoints"))
     assert (state.global_step, state.epoch, state.batch_in_epoch) == (
         reference_state.global_step, reference_state.epoch, reference_state.batch_in_epoch)
+    assert state.rollout_rng == reference_state.rollout_rng
     assert training["global_step"] == reference_training["global_step"]
     adam_steps = {int(s["step"]) for s in training["optimizer"]["state"].values()}
     assert adam_steps == {int(s["step"]) for s in reference_training["optimizer"]["state"].values()}

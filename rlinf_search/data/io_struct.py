@@ -45,6 +45,10 @@ class SamplingParams:
     """Generation ends once the generated text contains any of these strings."""
     stop_at_eos: bool = True
     """End on the tokenizer's EOS token (and the model's other end tokens)."""
+    seed: int | None = None
+    """This request's own sampling seed: its draws then depend on the seed alone, not on which other
+    requests share the batch, so a rollout replays exactly whatever the admission order. None: the
+    engine's shared generator."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.tools.search.observation import format_observation
 from rlinf_search.workers.rollout.base import GenerationEngine
+from rlinf_search.workers.rollout.sampling import derive_seed
 
 _INFORMATION_TAIL = "</information>\n\n"
 
@@ -80,6 +81,7 @@ class _Rollout:
 
     traj: Trajectory
     started: float
+    seed: int | None = None
     tool_turns: int = 0
     action: Action | None = None
     done: bool = False
@@ -111,19 +113,26 @@ class SearchR1AgentLoop:
         encoded = self.tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
-    async def run_batch(self, records: list[QARecord], samples_per_prompt: int = 1) -> list[Trajectory]:
-        """Roll out every record ``samples_per_prompt`` times, all concurrently; results in input order."""
+    async def run_batch(self, records: list[QARecord], samples_per_prompt: int = 1, *,
+                        seed: int | None = None) -> list[Trajectory]:
+        """Roll out every record ``samples_per_prompt`` times, all concurrently; results in input order.
+
+        ``seed``: every turn of trajectory i samples with its own seed, derived from (seed, i, turn),
+        so the batch replays token for token however the engine happens to batch the requests.
+        """
         limit = asyncio.Semaphore(self.config.max_concurrent_trajectories)
+        jobs = [r for r in records for _ in range(samples_per_prompt)]
 
-        async def bounded(record: QARecord) -> Trajectory:
+        async def bounded(index: int, record: QARecord) -> Trajectory:
             async with limit:
-                return await self.run(record)
+                return await self.run(record, seed=None if seed is None else derive_seed(seed, index))
 
-        return list(await asyncio.gather(*(bounded(r) for r in records for _ in range(samples_per_prompt))))
+        return list(await asyncio.gather(*(bounded(i, r) for i, r in enumerate(jobs))))
 
-    async def run(self, record: QARecord) -> Trajectory:
-        """One rollout of one prompt, at its own pace."""
+    async def run(self, record: QARecord, *, seed: int | None = None) -> Trajectory:
+        """One rollout of one prompt, at its own pace (``seed``: its turns' seeds derive from it)."""
         rollout = self._start(record)
+        rollout.seed = seed
         while not rollout.done:
             await self._generate_step(rollout)
             if not rollout.done:
@@ -159,7 +168,8 @@ class SearchR1AgentLoop:
             traj.finish_reason, rollout.done = "max_response_tokens", True
             return
         search_allowed = rollout.tool_turns < self.config.max_turns
-        turn = await self._generate_turn(traj, budget, search_allowed)
+        seed = None if rollout.seed is None else derive_seed(rollout.seed, traj.num_turns)
+        turn = await self._generate_turn(traj, budget, search_allowed, seed)
         self._append(traj, turn.ids, turn.logprobs, trained=True)
         traj.drifted = traj.drifted or turn.drifted
         rollout.action = parse_action(turn.text)
@@ -173,10 +183,10 @@ class SearchR1AgentLoop:
         observation = await self._observe(rollout.traj, rollout.action)
         self._append_observation(rollout.traj, observation)
 
-    async def _generate_turn(self, traj: Trajectory, budget: int, search_allowed: bool) -> _Turn:
+    async def _generate_turn(self, traj: Trajectory, budget: int, search_allowed: bool, seed: int | None) -> _Turn:
         stops = STOPS_WITH_SEARCH if search_allowed else STOPS_WITHOUT_SEARCH
         sampling = replace(self.config.sampling, max_new_tokens=min(self.config.max_tokens_per_turn, budget),
-                           stop=stops)
+                           stop=stops, seed=seed)
         started = time.perf_counter()
         out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sampling)
         traj.generation_time_s += time.perf_counter() - started

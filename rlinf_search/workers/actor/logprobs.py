@@ -6,10 +6,34 @@ so every component scores tokens the same way the engine sampled them: log_softm
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlinf_search.algorithms import entropy_from_logits
-from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.data.batch import RolloutBatch, split_by_token_budget
+
+
+@dataclass
+class ForwardLogprobs:
+    """What a log-prob pass (the actor's own, or the InferenceGroup's) returns for its rows."""
+
+    old: torch.Tensor | None
+    """[rows, T] log-probs under the current policy, the "old" policy of the coming update; None
+    unless ``algorithm.recompute_logprobs``."""
+    ref: torch.Tensor | None
+    """[rows, T] log-probs under the frozen reference model; None unless ``algorithm.kl_beta`` > 0."""
+
+
+def forward_groups(batch: RolloutBatch, *, rows_per_pass: int | None, max_tokens: int | None) -> list[list[int]]:
+    """Row groups of a forward-only pass: ``rows_per_pass`` rows each
+    (``algorithm.logprob_forward_micro_batch_size``), else the token budget. Rows of similar length
+    go together (sorted by real tokens), so little of each pass is padding."""
+    if rows_per_pass is None:
+        return split_by_token_budget(batch, max_tokens)
+    counts = batch.token_counts().tolist()
+    order = sorted(range(len(counts)), key=lambda i: -counts[i])
+    return [sorted(order[i: i + rows_per_pass]) for i in range(0, len(order), rows_per_pass)]
 
 
 def response_logprobs(model: torch.nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,

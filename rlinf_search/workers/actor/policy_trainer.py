@@ -25,7 +25,7 @@ from rlinf_search.algorithms import (
 )
 from rlinf_search.data.batch import RolloutBatch, split_by_token_budget, split_evenly
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-from rlinf_search.workers.actor.logprobs import batched_response_logprobs, response_logprobs
+from rlinf_search.workers.actor.logprobs import batched_response_logprobs, forward_groups, response_logprobs
 
 
 def lr_lambda(config: OptimConfig):
@@ -89,7 +89,8 @@ class PolicyTrainer:
     # ---- scoring ----------------------------------------------------------------------------
     def compute_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """``[B, T]`` log-probs of the batch's responses under the current weights (no gradient)."""
-        groups = split_by_token_budget(batch, self.config.max_tokens_per_mbs)
+        groups = forward_groups(batch, rows_per_pass=self.config.forward_micro_batch_size,
+                                max_tokens=self.config.max_tokens_per_mbs)
         return batched_response_logprobs(self.model, batch, groups, temperature=self.config.loss.temperature)
 
     # ---- training ---------------------------------------------------------------------------

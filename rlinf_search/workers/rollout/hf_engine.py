@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.workers.offload import move_module
 from rlinf_search.workers.rollout.base import register_engine
 from rlinf_search.workers.rollout.running_batch import RunningBatch
 from rlinf_search.workers.rollout.sampling import sample_next_tokens
@@ -36,7 +37,7 @@ class HFEngineConfig:
     max_batch_size: int = 64
     """Most requests decoded at once; more wait until rows finish."""
     seed: int = 0
-    """Seed of the sampling generator."""
+    """Seed of the shared sampling generator (requests without a seed of their own draw from it)."""
     admit_every_steps: int = 8
     """Waiting requests join the running batch at least this often (in decode steps), sooner when
     they are a quarter of the batch."""
@@ -62,6 +63,7 @@ class _Request:
     sampling: SamplingParams
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    generator: torch.Generator
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -137,7 +139,9 @@ class HFGenerationEngine:
                              "temperature > 0 unless greedy")
         loop = asyncio.get_running_loop()
         self._ensure_thread()
-        request = _Request(list(prompt_ids), sampling, loop.create_future(), loop)
+        generator = (self._generator if sampling.seed is None
+                     else torch.Generator(device=self.device).manual_seed(sampling.seed))
+        request = _Request(list(prompt_ids), sampling, loop.create_future(), loop, generator)
         self._inbox.put(request)
         return await request.future
 
@@ -160,14 +164,14 @@ class HFGenerationEngine:
 
     def offload(self) -> None:
         with self._weights_lock:
+            move_module(self.model, "cpu")  # on a CPU engine: no copies
             if self.device.type == "cuda":
-                self.model.to("cpu")
                 torch.cuda.empty_cache()
             self._offloaded = True
 
     def onload(self) -> None:
         with self._weights_lock:
-            self.model.to(self.device)
+            move_module(self.model, self.device)
             self._offloaded = False
 
     # ---- decoding (runs in the engine thread) -------------------------------------------
@@ -256,7 +260,8 @@ class HFGenerationEngine:
 
     def _sample_and_settle(self, batch: RunningBatch, logits: torch.Tensor) -> RunningBatch | None:
         """Sample each row's next token, answer the rows that finished, and keep the rest."""
-        tokens, logprobs = sample_next_tokens(logits, [r.sampling for r in batch.requests], self._generator)
+        tokens, logprobs = sample_next_tokens(logits, [r.sampling for r in batch.requests],
+                                              [r.generator for r in batch.requests])
         self.stats.generated_tokens += len(batch)
         keep = []
         for row, request in enumerate(batch.requests):

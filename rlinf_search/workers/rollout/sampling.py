@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from rlinf_search.data.io_struct import SamplingParams
@@ -24,14 +26,30 @@ def _mask_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from its parts (a call's seed, a trajectory's index, a turn); stable across
+    processes, unlike ``hash()`` of a string."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _uniform(shape: torch.Size, generators: list[torch.Generator], *, device, dtype) -> torch.Tensor:
+    if all(g is generators[0] for g in generators):
+        return torch.rand(shape, generator=generators[0], device=device, dtype=dtype)
+    # A row with its own generator draws its own numbers: its sample is the same in any batch.
+    return torch.stack([torch.rand(shape[-1], generator=g, device=device, dtype=dtype) for g in generators])
+
+
 def sample_next_tokens(logits: torch.Tensor, params: list[SamplingParams],
-                       generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                       generators: torch.Generator | list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (token ids [n], log-probs [n]).
 
     The log-prob is taken under the temperature-scaled full distribution (before top-k/top-p), the
     quantity a trainer recomputes as ``log_softmax(logits / temperature)``; greedy rows use
-    temperature 1.
+    temperature 1. ``generators``: one for every row, or one per row (per-request seeds).
     """
+    if isinstance(generators, torch.Generator):
+        generators = [generators] * len(params)
     temperatures = torch.tensor([1.0 if p.greedy else p.temperature for p in params],
                                 device=logits.device, dtype=logits.dtype)
     logprobs = torch.log_softmax(logits / temperatures.unsqueeze(-1), dim=-1)
@@ -44,7 +62,7 @@ def sample_next_tokens(logits: torch.Tensor, params: list[SamplingParams],
         filtered = _mask_top_p(filtered, top_p)
     # Exponential race: argmax of p / E with E ~ Exp(1) draws from p exactly. E = -log(U) from
     # torch.rand is about 7x faster on CPU than torch.multinomial or Tensor.exponential_ (measured).
-    uniform = torch.rand(filtered.shape, generator=generator, device=filtered.device, dtype=filtered.dtype)
+    uniform = _uniform(filtered.shape, generators, device=filtered.device, dtype=filtered.dtype)
     noise = -torch.log(uniform.clamp_(min=torch.finfo(filtered.dtype).tiny))
     sampled = (torch.softmax(filtered, dim=-1) / noise).argmax(dim=-1)
     greedy = torch.tensor([p.greedy for p in params], device=logits.device)

@@ -24,19 +24,24 @@ class RolloutWorker(Worker):
                                                         max_batch_size=config.rollout_max_batch,
                                                         seed=config.seed + self.rank))
         self.weight_version = 0
+        # Each rollout call draws one seed from here and every request of the call derives its own
+        # from it; so this generator's state is the whole sampling state of the rank, and a
+        # checkpoint that stores it replays the next rollout exactly.
+        self.seeds = torch.Generator().manual_seed(config.seed + self.rank)
 
     def rollout(self, records: list[QARecord], samples_per_prompt: int, greedy: bool = False) -> list[Trajectory]:
         """Roll out ``records`` (``samples_per_prompt`` each) with a fresh search client for this call."""
         loop_config = self.config.agent_loop
         if greedy:
             loop_config = replace(loop_config, sampling=replace(loop_config.sampling, greedy=True))
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.seeds))
 
         async def run() -> list[Trajectory]:
             # The search client's connections belong to one event loop: one client per call.
             tool = build_search_tool(self.config.search)
             try:
                 loop = SearchR1AgentLoop(self.engine, tool, self.engine.tokenizer, loop_config)
-                return await loop.run_batch(records, samples_per_prompt)
+                return await loop.run_batch(records, samples_per_prompt, seed=seed)
             finally:
                 await tool.aclose()
 
@@ -46,6 +51,13 @@ class RolloutWorker(Worker):
         # Tensors from shared memory are read-only views: load_state_dict copies them into the model.
         self.engine.update_weights({name: torch.as_tensor(value) for name, value in state_dict.items()})
         self.weight_version = version
+
+    def rng_state(self) -> list[int]:
+        """The sampling state of this rank, for a checkpoint (the generator's bytes)."""
+        return self.seeds.get_state().tolist()
+
+    def set_rng_state(self, state: list[int]) -> None:
+        self.seeds.set_state(torch.tensor(state, dtype=torch.uint8))
 
     def offload(self) -> None:
         self.engine.offload()

@@ -1,0 +1,1 @@
+"""The InferenceGroup: old-policy and reference log-probs on devices of their own."""
