@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from rlinf_search.config import ConfigError, register_resolvers, validate_cfg
 from rlinf_search.runners.train_main import train
+from rlinf_search.workers.actor.backends import BackendUnavailable
 
 register_resolvers()
 
@@ -23,7 +24,11 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
-    train(config)
+    try:
+        train(config)
+    except BackendUnavailable as exc:  # the config is sound; this machine cannot run it
+        print(f"cannot start: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -50,11 +50,12 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _all_reduce_sum(value: float) -> float:
+def _all_reduce_sum(value: float, *, group=None, device: torch.device | str = "cpu") -> float:
+    """Sum over ``group`` (None: every rank); on the rank's device, since nccl reduces GPU tensors only."""
     if _world()[1] == 1:
         return value
-    tensor = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(tensor)
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, group=group)
     return float(tensor)
 
 
@@ -65,26 +66,43 @@ class _MinibatchTotals:
 
 
 class PolicyTrainer:
-    """Owns the policy model, its optimizer and schedule, and runs PPO updates."""
+    """Owns the policy model, its optimizer and schedule, and runs PPO updates.
+
+    The FSDP backend (``actor.training_backend: fsdp``): a HF model, data parallel over every rank.
+    Other backends override ``_build_model``, ``_data_parallel_world`` and ``_clip_gradients``.
+    """
 
     def __init__(self, config: ActorConfig):
-        from transformers import AutoModelForCausalLM
-
         self.config = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype).to(self.device)
+        self.model = self._build_model(dtype)
         self.model.train()
-        self.rank, self.world_size = _world()
+        self.rank, self.world_size, self.dp_group = self._data_parallel_world()
         # DDP averages gradients over ranks; the loss below already divides by every rank's tokens.
-        self.module = (torch.nn.parallel.DistributedDataParallel(self.model) if self.world_size > 1
-                       else self.model)
+        self.module = (torch.nn.parallel.DistributedDataParallel(self.model, process_group=self.dp_group)
+                       if self.world_size > 1 else self.model)
         o = config.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
                                            eps=o.adam_eps, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
         self.global_step = 0
         self._rng = random.Random(config.seed)
+
+    def _build_model(self, dtype: torch.dtype) -> torch.nn.Module:
+        """The trainable policy, on ``self.device``, called like a HF causal LM."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=dtype).to(self.device)
+
+    def _data_parallel_world(self) -> tuple[int, int, object]:
+        """(this rank's data-parallel rank, data-parallel size, its process group; None = every rank)."""
+        rank, size = _world()
+        return rank, size, None
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip the global gradient norm to ``optim.clip_grad``; return the norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.clip_grad)
 
     # ---- scoring ----------------------------------------------------------------------------
     def compute_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -109,8 +127,9 @@ class PolicyTrainer:
         return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
 
     def _optimizer_step(self, minibatch: RolloutBatch) -> dict[str, float]:
-        totals = _MinibatchTotals(tokens=_all_reduce_sum(float(minibatch.response_mask.sum())),
-                                  sequences=_all_reduce_sum(float(len(minibatch))))
+        reduce = {"group": self.dp_group, "device": self.device}
+        totals = _MinibatchTotals(tokens=_all_reduce_sum(float(minibatch.response_mask.sum()), **reduce),
+                                  sequences=_all_reduce_sum(float(len(minibatch)), **reduce))
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         for rows in split_by_token_budget(minibatch, self.config.max_tokens_per_mbs):
@@ -119,7 +138,7 @@ class PolicyTrainer:
             weight = float(micro.response_mask.sum()) / max(totals.tokens / self.world_size, 1.0)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * weight
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.clip_grad)
+        grad_norm = self._clip_gradients()
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
@@ -165,6 +184,11 @@ class PolicyTrainer:
         raise ValueError(f"algorithm mismatch correction must be tis or mask, got {cfg.mismatch_correction!r}")
 
     # ---- weights and state ------------------------------------------------------------------
+    @property
+    def checkpoint_model(self):
+        """What a checkpoint's ``hf_model/`` is written from (anything with ``save_pretrained``)."""
+        return self.model
+
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights for the rollout engine, detached on CPU, names as in the HF model."""
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}

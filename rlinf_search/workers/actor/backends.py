@@ -1,0 +1,71 @@
+"""Training backends by ``actor.training_backend`` name: which trainer class, and what it needs to run.
+
+Trainer classes are named by dotted path and imported when built, so choosing ``fsdp`` never imports
+megatron-core. ``require_training_backend`` runs on the driver once the cluster is known, before any
+worker starts: a GPU recipe validates anywhere, and fails to start, in one line, where it cannot run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from rlinf_search.plugins import import_callable
+from rlinf_search.workers.actor.config import ActorConfig
+
+
+class BackendUnavailable(RuntimeError):
+    """The configured training backend cannot run here (a package or the GPUs are missing)."""
+
+
+@dataclass(frozen=True)
+class TrainingBackend:
+    """One entry of the registry."""
+
+    trainer: str
+    """Dotted path of the trainer class (``PolicyTrainer``'s interface), imported when built."""
+    needs_cuda: bool = False
+    """The backend cannot run on CPU devices."""
+    requires: tuple[str, ...] = ()
+    """Modules that must import (checked by ``importlib.util.find_spec``, without importing them)."""
+    install_hint: str = ""
+    """What to install when a required module is missing."""
+
+
+TRAINING_BACKENDS: dict[str, TrainingBackend] = {
+    "fsdp": TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:PolicyTrainer"),
+    "megatron": TrainingBackend(
+        trainer="rlinf_search.workers.actor.megatron.trainer:MegatronPolicyTrainer", needs_cuda=True,
+        requires=("megatron.core",), install_hint="pip install -e '.[megatron]' (megatron-core)"),
+}
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent package is missing
+        return False
+
+
+def require_training_backend(config: ActorConfig, *, device_kind: str, actor_ranks: int) -> None:
+    """Raise ``BackendUnavailable`` (one line) unless ``config.training_backend`` can run on this cluster:
+    ``actor_ranks`` devices of kind ``device_kind`` (``cpu`` or ``cuda``)."""
+    name = config.training_backend
+    backend = TRAINING_BACKENDS[name]
+    missing = [module for module in backend.requires if not _importable(module)]
+    if missing:
+        raise BackendUnavailable(f"actor.training_backend {name} needs {', '.join(missing)}: "
+                                 f"{backend.install_hint}")
+    if backend.needs_cuda and device_kind != "cuda":
+        raise BackendUnavailable(f"actor.training_backend {name} runs on GPUs only and this cluster has none; "
+                                 "use actor.training_backend: fsdp on CPU")
+    tensor_parallel = config.megatron.tensor_model_parallel_size if config.megatron else 1
+    if actor_ranks % tensor_parallel:
+        raise BackendUnavailable(f"actor.model.tensor_model_parallel_size {tensor_parallel} must divide the "
+                                 f"actor's {actor_ranks} devices (cluster.component_placement)")
+
+
+def build_trainer(config: ActorConfig):
+    """The trainer of ``config.training_backend``, built from ``config``."""
+    backend = TRAINING_BACKENDS[config.training_backend]
+    return import_callable(backend.trainer, kind="training backend")(config)
