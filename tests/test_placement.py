@@ -130,7 +130,8 @@ def test_a_backend_that_cannot_offload_may_not_share_devices():
         resolve(cfg, "collocated", {"rollout": "vllm", "actor": "fsdp"})
     assert str(caught.value) == (
         "cluster.component_placement.actor,rollout: rollout backend 'vllm' cannot offload on cpu devices, "
-        "so rollout cannot share devices 0-7 with actor; give rollout devices of its own")
+        "so rollout cannot share devices 0-7 with actor; give rollout devices of its own (on a GPU cluster, "
+        "declare cluster.num_gpus_per_node)")
     # The same pair is fine disaggregated, and on GPUs (vLLM's sleep mode offloads there).
     resolve({"rollout": "0-3", "actor": "4-7"}, "disaggregated", {"rollout": "vllm"})
     gpu = Topology(device_kind="cuda", devices_per_node=(8,), node_groups={})
@@ -149,6 +150,8 @@ def test_topology_from_config_uses_cpu_slots_or_gpus():
     assert Topology.from_config(config).devices_per_node == (4, 4)
     gpu = Topology.from_config(config, gpus_per_node=8)
     assert (gpu.device_kind, gpu.num_devices, gpu.node_groups) == ("cuda", 16, {"a10": (1,)})
+    declared = Topology.from_config(ClusterConfig(num_nodes=2, num_gpus_per_node=8))  # a GPU recipe, checked anywhere
+    assert (declared.device_kind, declared.devices_per_node) == ("cuda", (8, 8))
 
 
 @pytest.mark.parametrize("section,message", [
@@ -158,7 +161,9 @@ def test_topology_from_config_uses_cpu_slots_or_gpus():
     ({"address": "auto", "num_cpus": 2},
      "cluster.num_cpus only sizes the embedded Ray; a cluster joined at cluster.address (auto) has its own CPU count"),
     ({"component_placment": {}}, "cluster.component_placment: unknown key; the cluster section takes address, "
-                                 "component_placement, cpu_slots_per_node, node_groups, num_cpus, num_nodes"),
+                                 "component_placement, cpu_slots_per_node, node_groups, num_cpus, num_gpus_per_node, "
+                                 "num_nodes"),
+    ({"num_gpus_per_node": 0}, "cluster.num_gpus_per_node must be an integer >= 1 (or null), got 0"),
     ({"num_nodes": 2, "node_groups": {"a10": {"nodes": "1-2"}}},
      "cluster.node_groups.a10.nodes: node 2 exceeds the 2 nodes of this cluster"),
     ({"node_groups": {"a10": {"node_ranks": "0"}}},

@@ -39,11 +39,15 @@ class EvalReport:
     """uid, source, question, golds, response text, extracted answer, scores, searches."""
 
 
-def score_trajectories(records: list[QARecord], trajectories: list[Trajectory]) -> EvalReport:
-    """Score every trajectory with em, subem and f1, and aggregate per data source."""
+def score_trajectories(records: list[QARecord], trajectories: list[Trajectory],
+                       rewards: list[float] | None = None) -> EvalReport:
+    """Score every trajectory with em, subem and f1 (and report ``rewards``, the training reward, when
+    given: one per trajectory), and aggregate per data source."""
     rows = []
-    for record, traj in zip(records, trajectories):
+    for i, (record, traj) in enumerate(zip(records, trajectories)):
         scores = {name: compute_score(name, traj.response_text, record.golden_answers) for name in EVAL_SCORES}
+        if rewards is not None:
+            scores["reward"] = rewards[i]
         rows.append({"uid": record.uid, "data_source": record.data_source, "question": record.question,
                      "golden_answers": record.golden_answers, "answer": last_answer(traj.response_text),
                      "response": traj.response_text, "num_searches": traj.num_searches,
@@ -51,7 +55,7 @@ def score_trajectories(records: list[QARecord], trajectories: list[Trajectory]) 
 
     def summary(selected: list[dict]) -> dict[str, float]:
         n = len(selected)
-        means = {name: sum(r[name] for r in selected) / n for name in EVAL_SCORES}
+        means = {name: sum(r[name] for r in selected) / n for name in (*EVAL_SCORES, "reward") if name in selected[0]}
         return {"n": n, **means, "searches": sum(r["num_searches"] for r in selected) / n}
 
     sources = sorted({r["data_source"] for r in rows})
@@ -98,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--max-samples", type=int, default=None)
     parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=500, help="most tokens per turn")
     args = parser.parse_args(argv)
     try:
         records = load_records(args.data)[: args.max_samples]
     except (FileNotFoundError, ValueError) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 1
-    loop_config = AgentLoopConfig(max_turns=args.max_turns, topk=args.topk,
+    loop_config = AgentLoopConfig(max_turns=args.max_turns, topk=args.topk, max_tokens_per_turn=args.max_new_tokens,
                                   sampling=SamplingParams(greedy=True))
     report, _ = asyncio.run(evaluate(args.model, records, SearchToolConfig(server_addr=args.server_addr,
                                                                            topk=args.topk), loop_config))

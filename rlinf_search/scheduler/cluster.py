@@ -141,6 +141,13 @@ class Cluster:
 
     def _topology(self) -> Topology:
         gpus = [node.num_gpus for node in self.nodes]
+        declared = self.config.num_gpus_per_node
+        if declared is not None:
+            short = [rank for rank, count in enumerate(gpus) if count < declared]
+            if short:
+                raise ClusterError(f"cluster.num_gpus_per_node is {declared} but node {short[0]} has "
+                                   f"{gpus[short[0]]} GPU(s)")
+            gpus = [declared] * len(gpus)  # a node with more GPUs lends the first `declared` of them
         kind = "cuda" if any(gpus) else "cpu"
         per_node = gpus if kind == "cuda" else [self.config.cpu_slots_per_node] * len(self.nodes)
         return Topology(device_kind=kind, devices_per_node=tuple(per_node),

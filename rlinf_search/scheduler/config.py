@@ -36,6 +36,10 @@ class ClusterConfig:
     cpu_slots_per_node: int = 1
     """Devices of a node without GPUs. A slot is a scheduling unit, not a core: 8 slots on a 2-core
     laptop are fine, and one rank per component on one slot is the cheapest laptop default."""
+    num_gpus_per_node: int | None = None
+    """GPUs each node must have, for a recipe written for GPUs: the placement is then checked on
+    these GPUs before Ray starts (on any machine), and at start-up a node with fewer is an error.
+    ``None``: whatever Ray finds, checked at start-up only."""
     address: str | None = None
     """``None`` starts an embedded Ray in this process; ``auto`` (the local ``ray start`` head) or
     ``ray://host:port`` / ``host:port`` joins an existing cluster, which is how multi-node runs."""
@@ -52,6 +56,10 @@ class ClusterConfig:
         if not isinstance(self.cpu_slots_per_node, int) or self.cpu_slots_per_node < 1:
             raise PlacementError("cluster.cpu_slots_per_node must be an integer >= 1, "
                                  f"got {self.cpu_slots_per_node!r}")
+        if self.num_gpus_per_node is not None and (not isinstance(self.num_gpus_per_node, int)
+                                                   or self.num_gpus_per_node < 1):
+            raise PlacementError(f"cluster.num_gpus_per_node must be an integer >= 1 (or null), "
+                                 f"got {self.num_gpus_per_node!r}")
         if self.num_cpus is not None and (not isinstance(self.num_cpus, int) or self.num_cpus < 1):
             raise PlacementError(f"cluster.num_cpus must be an integer >= 1, got {self.num_cpus!r}")
         if self.address is not None and self.num_cpus is not None:

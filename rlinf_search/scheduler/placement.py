@@ -44,11 +44,11 @@ class Topology:
     """Node-group label to its node ranks (``cluster.node_groups``)."""
 
     @classmethod
-    def from_config(cls, config: ClusterConfig, *, gpus_per_node: int = 0) -> Topology:
-        """The topology ``config`` describes: GPUs when ``gpus_per_node`` > 0, else CPU slots.
-
-        For ``validate_cfg`` before Ray starts; pass ``torch.cuda.device_count()`` on a GPU box.
-        """
+    def from_config(cls, config: ClusterConfig, *, gpus_per_node: int | None = None) -> Topology:
+        """The topology ``config`` describes: GPUs when ``gpus_per_node`` (default: the config's
+        ``num_gpus_per_node``) is > 0, else CPU slots. For ``validate_cfg`` before Ray starts."""
+        if gpus_per_node is None:
+            gpus_per_node = config.num_gpus_per_node or 0
         per_node = gpus_per_node if gpus_per_node > 0 else config.cpu_slots_per_node
         return cls(device_kind="cuda" if gpus_per_node > 0 else "cpu",
                    devices_per_node=(per_node,) * config.num_nodes,
@@ -251,5 +251,6 @@ def _check_backends(backends: Mapping[str, str], components: Mapping[str, Compon
                 raise PlacementError(
                     f"cluster.component_placement.{key_of[name]}: {name} backend '{backend}' cannot offload "
                     f"on {device_kind} devices, so {name} cannot share devices {format_ids(shared)} with "
-                    f"{other}; give {name} devices of its own")
+                    f"{other}; give {name} devices of its own (on a GPU cluster, declare "
+                    "cluster.num_gpus_per_node)")
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlinf_search.config import RunConfig
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.rewards import compute_score
 from rlinf_search.scheduler import Worker
 
+if TYPE_CHECKING:
+    from rlinf_search.runners.eval_config import EvalConfig
+
 
 class RewardWorker(Worker):
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig | EvalConfig):  # an eval reads the same fields
         self.score_name = config.reward_score
         self.scale = config.reward_scale
 

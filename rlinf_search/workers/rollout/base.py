@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.plugins import import_callable
+
+if TYPE_CHECKING:
+    from rlinf_search.workers.rollout.config import RolloutConfig
 
 
 class GenerationEngine(Protocol):
@@ -34,9 +38,35 @@ class GenerationEngine(Protocol):
         ...
 
 
-ROLLOUT_ENGINES: dict[str, Callable[..., GenerationEngine]] = {}
+EngineFactory = Callable[..., GenerationEngine]
+"""``factory(config: RolloutConfig, *, device: str | None, seed: int) -> GenerationEngine``."""
+
+# Built-ins by dotted path, imported when first built: choosing hf never imports vLLM.
+ROLLOUT_ENGINES: dict[str, str | EngineFactory] = {
+    "hf": "rlinf_search.workers.rollout.hf_engine:build_hf_engine",
+    "vllm": "rlinf_search.workers.rollout.vllm_engine:build_vllm_engine",
+}
+# Backends an RLinf config may name that this build does not ship.
+UNAVAILABLE_ENGINES = {"sglang": "sglang is not available in this build; use vllm (GPU) or hf"}
 
 
-def register_engine(name: str, factory: Callable[..., GenerationEngine]) -> None:
+def register_engine(name: str, factory: EngineFactory) -> None:
     """Make an engine available as ``rollout.rollout_backend: <name>``."""
     ROLLOUT_ENGINES[name] = factory
+
+
+def engine_factory(name: str) -> EngineFactory:
+    """The factory of ``rollout.rollout_backend``: a registered name or a dotted path; ValueError otherwise."""
+    if name in UNAVAILABLE_ENGINES:
+        raise ValueError(UNAVAILABLE_ENGINES[name])
+    entry = ROLLOUT_ENGINES.get(name)
+    if entry is None and "." not in name and ":" not in name:
+        raise ValueError(f"unknown engine {name!r}; choose one of {sorted(ROLLOUT_ENGINES)} "
+                         "or give a dotted path 'package.module:factory'")
+    entry = name if entry is None else entry
+    return import_callable(entry, kind="rollout engine") if isinstance(entry, str) else entry
+
+
+def build_engine(config: RolloutConfig, *, device: str | None = None, seed: int = 0) -> GenerationEngine:
+    """The engine ``config.backend`` names, loaded from ``config.model_path`` on ``device``."""
+    return engine_factory(config.backend)(config, device=device, seed=seed)

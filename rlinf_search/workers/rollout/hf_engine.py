@@ -19,7 +19,7 @@ import torch
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.workers.offload import move_module
-from rlinf_search.workers.rollout.base import register_engine
+from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.running_batch import RunningBatch
 from rlinf_search.workers.rollout.sampling import sample_next_tokens
 
@@ -296,4 +296,7 @@ class HFGenerationEngine:
         return None
 
 
-register_engine("hf", lambda config: HFGenerationEngine(config))
+def build_hf_engine(config: RolloutConfig, *, device: str | None = None, seed: int = 0) -> HFGenerationEngine:
+    """``rollout.rollout_backend: hf``."""
+    return HFGenerationEngine(HFEngineConfig(config.model_path, device=device, dtype=config.dtype,
+                                             max_batch_size=config.max_running_requests, seed=seed))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
-from rlinf_search.workers.rollout.base import register_engine
 
 
 class ScriptedEngine:
@@ -74,5 +73,3 @@ class ScriptedEngine:
     async def aclose(self) -> None:
         pass
 
-
-register_engine("scripted", lambda tokenizer, turns: ScriptedEngine(tokenizer, turns))

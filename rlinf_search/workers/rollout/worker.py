@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,17 +13,18 @@ from rlinf_search.config import RunConfig
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.scheduler import Worker
 from rlinf_search.tools.search import build_search_tool
-from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine
+from rlinf_search.workers.rollout.base import build_engine
+
+if TYPE_CHECKING:
+    from rlinf_search.runners.eval_config import EvalConfig
 
 
 class RolloutWorker(Worker):
     """Generates trajectories for its share of the prompts; takes new weights from the actor."""
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig | EvalConfig):  # an eval reads the same fields
         self.config = config
-        self.engine = HFGenerationEngine(HFEngineConfig(config.rollout_model_path, device=self.device,
-                                                        max_batch_size=config.rollout_max_batch,
-                                                        seed=config.seed + self.rank))
+        self.engine = build_engine(config.rollout, device=self.device, seed=config.seed + self.rank)
         self.weight_version = 0
         # Each rollout call draws one seed from here and every request of the call derives its own
         # from it; so this generator's state is the whole sampling state of the rank, and a

@@ -1,0 +1,120 @@
+"""The eval config: a training config's shape without the training, checked once by ``validate_eval_cfg``.
+
+The sections and key names are the training config's (an RLinf user's eval YAML reads the same), minus
+what only training reads: ``actor``, ``critic``, ``inference`` and the loss and optimizer keys are
+unknown keys here. Rollout and reward are placed together; ``algorithm.group_size`` is samples per
+question (1 with greedy sampling); the model path is a converted (Hugging Face) checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.config import (
+    SCHEMA,
+    ConfigError,
+    _agent_loop,
+    _apply_deprecations,
+    _check_keys,
+    _check_paths,
+    _cluster,
+    _get,
+    _rollout,
+    _sampling,
+    register_resolvers,
+)
+from rlinf_search.rewards import REWARDS
+from rlinf_search.scheduler.config import ClusterConfig
+from rlinf_search.scheduler.placement import Placement
+from rlinf_search.tools.search.config import SearchToolConfig
+from rlinf_search.workers.rollout.config import RolloutConfig
+
+EVAL_SCHEMA = {
+    "hydra": "*",
+    "cluster": "*",
+    "runner": {"experiment_name": None, "output_dir": None, "seq_length": None},
+    "algorithm": {"group_size": None, "sampling_params": SCHEMA["algorithm"]["sampling_params"]},
+    "agentloop": SCHEMA["agentloop"],
+    "tools": SCHEMA["tools"],
+    "rollout": SCHEMA["rollout"],
+    "data": {"max_prompt_length": None, "seed": None, "val_data_paths": None},
+    "reward": {"group_name": None, "score": None, "reward_scale": None},
+}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything an eval run needs, validated. The rollout and reward workers read the same fields
+    of it as of a training ``RunConfig``."""
+
+    cluster: ClusterConfig
+    """``cluster``: nodes, GPUs or CPU slots, Ray address."""
+    placement: Placement
+    """``cluster.component_placement``: where ``rollout`` and ``reward`` run."""
+    output_dir: str
+    """``runner.output_dir``: eval_results.json goes here."""
+    experiment_name: str
+    """``runner.experiment_name``: names the run in the report."""
+    rollout: RolloutConfig
+    """``rollout``: the engine and the checkpoint it loads."""
+    rollout_group: str
+    """``rollout.group_name``: the name the RolloutGroup is launched under."""
+    agent_loop: AgentLoopConfig
+    """``agentloop`` plus sampling and token budgets."""
+    search: SearchToolConfig
+    """``tools.search``."""
+    val_data_paths: tuple[str, ...]
+    """``data.val_data_paths``: prepared jsonl files to score."""
+    samples_per_prompt: int
+    """``algorithm.group_size``: rollouts per question (1 for greedy)."""
+    seed: int
+    """``data.seed``: each rollout rank's sampling seed is seed + rank."""
+    reward_group: str
+    """``reward.group_name``: the name the RewardGroup is launched under."""
+    reward_score: str
+    """``reward.score``: the training reward, reported beside EM, sub-EM and F1."""
+    reward_scale: float
+    """``reward.reward_scale``."""
+
+
+def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
+    """Check the whole eval config once; return its typed view. Raises ``ConfigError`` naming the key."""
+    register_resolvers()
+    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    _apply_deprecations(raw)
+    _check_keys(raw, EVAL_SCHEMA, "")
+    output_dir = _get(raw, "runner.output_dir")
+    if not output_dir:
+        raise ConfigError("runner.output_dir is required")
+    seq_length, max_prompt = int(_get(raw, "runner.seq_length", 4096)), int(_get(raw, "data.max_prompt_length", 1024))
+    if max_prompt >= seq_length:
+        raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
+    samples = int(_get(raw, "algorithm.group_size", 1))
+    if samples < 1:
+        raise ConfigError(f"algorithm.group_size must be >= 1, got {samples}")
+    sampling = _sampling(raw)
+    # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
+    rollout = _rollout(raw, sampling, recompute=True)
+    search, agent_loop = _agent_loop(raw, sampling, max_response=seq_length - max_prompt,
+                                     retokenize=bool(_get(raw, "agentloop.retokenize", False)))
+    cluster, placement = _cluster(raw, rollout.backend)
+    for component in ("rollout", "reward"):
+        if component not in placement.components:
+            raise ConfigError(f"cluster.component_placement: an eval places rollout and reward (e.g. "
+                              f"'rollout,reward: all'); {component} is missing")
+    score = _get(raw, "reward.score", "em")
+    if score not in REWARDS:
+        raise ConfigError(f"reward.score: unknown {score!r}; choose one of {sorted(REWARDS)}")
+    val_paths = tuple(_get(raw, "data.val_data_paths", ()))
+    _check_paths(val_paths, "data.val_data_paths", required=True)
+    return EvalConfig(
+        cluster=cluster, placement=placement, output_dir=str(Path(output_dir)),
+        experiment_name=_get(raw, "runner.experiment_name", "eval"), rollout=rollout,
+        rollout_group=_get(raw, "rollout.group_name", "RolloutGroup"), agent_loop=agent_loop, search=search,
+        val_data_paths=val_paths, samples_per_prompt=samples, seed=int(_get(raw, "data.seed", 0)),
+        reward_group=_get(raw, "reward.group_name", "RewardGroup"), reward_score=score,
+        reward_scale=float(_get(raw, "reward.reward_scale", 1.0)))

@@ -1,0 +1,38 @@
+"""Score a checkpoint on a cluster: the rollout group (any engine, one rank per device) rolls out every
+question of ``data.val_data_paths``, the reward group scores the training reward, and the driver
+writes EM / sub-EM / F1 per data source to ``runner.output_dir/eval_results.json``.
+
+Entry scripts call ``run_eval(validate_eval_cfg(cfg))``; each line below is one named step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlinf_search.data.prepare import load_records
+from rlinf_search.runners.eval_config import EvalConfig
+from rlinf_search.runners.eval_runner import EvalReport, score_trajectories, write_report
+from rlinf_search.runners.train_runner import shard
+from rlinf_search.scheduler import Cluster, wait_all
+from rlinf_search.workers.reward.worker import RewardWorker
+from rlinf_search.workers.rollout.worker import RolloutWorker
+
+
+def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
+    """Roll out, score and write the report; returns it and the path of eval_results.json."""
+    records = [record for path in config.val_data_paths for record in load_records(path)]
+    greedy = config.agent_loop.sampling.greedy
+    with Cluster(config.cluster) as cluster:
+        rollout = RolloutWorker.create_group(config).launch(cluster, cluster.placement["rollout"],
+                                                            name=config.rollout_group)
+        reward = RewardWorker.create_group(config).launch(cluster, cluster.placement["reward"],
+                                                          name=config.reward_group)
+        parts = shard(records, rollout.world_size)
+        calls = [rollout.call_on(rank, "rollout", part, config.samples_per_prompt, greedy)
+                 for rank, part in enumerate(parts)]
+        trajectories = [traj for part in wait_all(calls) for traj in part]
+        rewards = [row["reward"] for row in reward.call("score", trajectories).wait()[0]]
+    # Shards are contiguous and each rank keeps its order, so trajectory i belongs to expanded[i].
+    expanded = [record for record in records for _ in range(config.samples_per_prompt)]
+    report = score_trajectories(expanded, trajectories, rewards)
+    return report, write_report(report, Path(config.output_dir), model_path=config.rollout.model_path)

@@ -1,0 +1,40 @@
+"""``RolloutConfig``: the typed view of the ``rollout`` section (which engine, which weights, how much memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Keys of ``rollout`` that only the vLLM engine reads; with another backend they would do nothing.
+VLLM_ONLY_KEYS = ("gpu_memory_utilization",)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How the rollout engine is built; every field is read by an engine factory."""
+
+    backend: str = "hf"
+    """``rollout.rollout_backend``: ``hf`` (the CPU default), ``vllm``, or a dotted path to a factory."""
+    model_path: str = ""
+    """``rollout.model.model_path``: a Hugging Face model directory (the starting policy)."""
+    dtype: str = "auto"
+    """``rollout.model.precision`` as a torch dtype name; ``auto``: bf16 on GPU, fp32 on CPU."""
+    max_running_requests: int = 64
+    """Most sequences an engine decodes at once (vLLM's ``max_num_seqs``)."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM only: share of the device's memory vLLM takes for weights and KV cache. Collocated with an
+    FSDP actor, leave the rest to the actor; on CPU it is the share of RAM, and about 0.3 suits a laptop."""
+    tensor_parallel_size: int = 1
+    """Devices one engine spans. Each rollout rank drives exactly one device in this build, so 1."""
+
+    def __post_init__(self) -> None:
+        if not self.model_path:
+            raise ValueError("rollout.model.model_path is required")
+        if self.max_running_requests < 1:
+            raise ValueError(f"rollout.max_running_requests must be >= 1, got {self.max_running_requests}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.tensor_parallel_size != 1:
+            # A rank sees only its own device (CUDA_VISIBLE_DEVICES), so an engine cannot span several;
+            # Qwen2.5-3B fits one GPU, and 8 GPUs run 8 data-parallel engines instead.
+            raise ValueError(f"rollout.tensor_parallel_size: only 1 is supported (one engine per device), "
+                             f"got {self.tensor_parallel_size}")

