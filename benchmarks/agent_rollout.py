@@ -31,7 +31,7 @@ from rlinf_search.retrieval.launch import RetrievalServerProcess  # noqa: E402
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool  # noqa: E402
 from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine  # noqa: E402
 from toolkits.make_tiny_model import make_tiny_model  # noqa: E402
-from toolkits.sft_warmstart import SFTConfig, collect_trajectories, warm_start  # noqa: E402
+from toolkits.sft_warmstart import SFTConfig, SFTStage, collect_trajectories, warm_start  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "hotpotqa_100"
 
@@ -76,7 +76,7 @@ def prepare(work: Path, server_url_addr: str, loop_config: AgentLoopConfig) -> P
             await tool.aclose()
 
     trajectories = asyncio.run(collect())
-    warm_start(base, sft_dir, trajectories, SFTConfig(steps=250, batch_size=16, lr=3e-3))
+    warm_start(base, sft_dir, [SFTStage("search", trajectories, 250)], SFTConfig(batch_size=16, lr=3e-3))
     return sft_dir
 
 

@@ -1,15 +1,64 @@
 #!/usr/bin/env bash
-# The embedded default, end to end on this machine (no GPU, no downloads).
-# For now: builds BM25 and MiniLM indexes over the bundled HotpotQA corpus, starts the retrieval
-# server, asks three real questions, prints the top passages, and stops the server.
+# The embedded default, end to end on a laptop CPU (no GPU, no downloads): a tiny Qwen2 learns to
+# search a fictional knowledge base with GRPO. Every step is a command a user can run on their own.
+#   bash scripts/demo.sh                 # outputs in outputs/demo (DEMO_OUT to change)
+#   DEMO_RL_STEPS=10 bash scripts/demo.sh
+# Ends with one line: held-out EM: warm-start A -> after RL B
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
-DATA="tests/data/hotpotqa_100"
 OUT="${DEMO_OUT:-outputs/demo}"
+RL_STEPS="${DEMO_RL_STEPS:-40}"
+SKILL_STEPS="${DEMO_SKILL_STEPS:-800}"   # warm start on good searches: querying and copying
+MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all
+EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
+SEED="${DEMO_SEED:-0}"
 mkdir -p "$OUT"
-if [ ! -f "$OUT/indexes/bm25/manifest.json" ] || [ ! -f "$OUT/indexes/minilm/manifest.json" ]; then
-    PYTHON="$PY" bash examples/searchr1/build_index.sh "$DATA/corpus.jsonl" "$OUT/indexes" hybrid
-fi
-"$PY" examples/searchr1/retrieval_demo.py --index-dir "$OUT/indexes" --corpus "$DATA/corpus.jsonl" \
-    --questions "$DATA/test.jsonl" --retriever hybrid
+step() { printf '\n== %s\n' "$*"; }
+
+step "1/8 synthetic task: a fictional knowledge base, one- and two-hop questions, disjoint splits"
+# 4,000 people: too many for the tiny model to memorise, so the warm start must learn to copy.
+"$PY" -m toolkits.synth_task --out "$OUT/data" --seed "$SEED" --people 4000
+for split in train val test; do
+    "$PY" -m rlinf_search.data.prepare --input "$OUT/data/$split.jsonl" --format flashrag --data-source synth \
+        --template brief --out "$OUT/data/$split.prepared.jsonl" >/dev/null
+done
+
+step "2/8 BM25 index over the corpus"
+"$PY" -m rlinf_search.retrieval.build_index --corpus "$OUT/data/corpus.jsonl" --out "$OUT/index" --retriever bm25
+
+step "3/8 tiny Qwen2 model and byte-level BPE tokenizer trained on the task text"
+"$PY" -m toolkits.make_tiny_model --out "$OUT/model/base" --hidden-size 192 --num-layers 3 --intermediate-size 512 --seed "$SEED" \
+    --text "$OUT/data/corpus.jsonl,$OUT/data/train.jsonl,$OUT/data/val.jsonl,$OUT/data/test.jsonl"
+
+step "4/8 retrieval server on a free loopback port"
+rm -f "$OUT/server.addr"
+"$PY" -m rlinf_search.retrieval.server --index-dir "$OUT/index" --corpus "$OUT/data/corpus.jsonl" \
+    --retriever bm25 --host 127.0.0.1 --port 0 --save-address-to "$OUT/server.addr" > "$OUT/server.log" 2>&1 &
+SERVER_PID=$!
+trap 'kill $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
+ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/server.addr" --timeout 120)
+echo "serving at $ADDR (log: $OUT/server.log)"
+
+step "5/8 supervised warm start on scripted trajectories (good searches mixed with guesses and bad queries)"
+"$PY" -m toolkits.sft_warmstart --model "$OUT/model/base" --data "$OUT/data/train.prepared.jsonl" \
+    --server-addr "$ADDR" --out "$OUT/model/sft" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
+
+step "6/8 held-out test EM of the warm-started model (greedy)"
+"$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/sft" --data "$OUT/data/test.prepared.jsonl" \
+    --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/warm_start"
+
+step "7/8 GRPO through the worker groups on a local Ray cluster ($RL_STEPS steps)"
+rm -rf "$OUT/rl"
+"$PY" examples/searchr1/main_searchr1.py runner.output_dir="$OUT/rl" runner.max_steps="$RL_STEPS" \
+    runner.resume_dir=null rollout.model.model_path="$OUT/model/sft" tools.search.server_addr="$ADDR" \
+    data.seed="$SEED" data.train_data_paths="[$OUT/data/train.prepared.jsonl]" \
+    data.val_data_paths="[$OUT/data/val.prepared.jsonl]"
+
+step "8/8 held-out test EM after RL, curves and summary"
+FINAL="$OUT/rl/checkpoints/global_step_$RL_STEPS/hf_model"
+"$PY" -m rlinf_search.runners.eval_runner --model "$FINAL" --data "$OUT/data/test.prepared.jsonl" \
+    --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/after_rl"
+"$PY" -m rlinf_search.plot "$OUT/rl" --out "$OUT/curves.png"
+"$PY" examples/searchr1/demo_summary.py --before "$OUT/eval/warm_start/eval_results.json" \
+    --after "$OUT/eval/after_rl/eval_results.json" --out "$OUT"

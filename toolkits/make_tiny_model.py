@@ -10,6 +10,7 @@ the same calls that load ``Qwen/Qwen2.5-3B-Instruct``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -120,9 +121,20 @@ def build_model(spec: TinyModelSpec, tokenizer):
     return model
 
 
+def _prompt_template_texts(copies: int = 50) -> Iterator[str]:
+    """The built-in prompt templates, repeated as often as a prompt would be seen in training, so
+    the instruction that heads every prompt becomes a few dozen tokens rather than hundreds of pieces."""
+    from rlinf_search.data.prompts import PLACEHOLDER, TEMPLATES
+
+    for template in TEMPLATES.values():
+        if template != PLACEHOLDER:
+            yield from [template.replace(PLACEHOLDER, "")] * copies
+
+
 def make_tiny_model(out: Path, text_files: list[Path], spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Train the tokenizer on ``text_files``, build the model, and save both to ``out``."""
-    tokenizer = train_tokenizer(_texts_from_files(text_files), spec.vocab_size - len(PROTOCOL_TAGS))
+    """Train the tokenizer on ``text_files`` and the prompt templates, build the model, and save both to ``out``."""
+    texts = itertools.chain(_texts_from_files(text_files), _prompt_template_texts())
+    tokenizer = train_tokenizer(texts, spec.vocab_size - len(PROTOCOL_TAGS))
     model = build_model(spec, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
@@ -137,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=TinyModelSpec.vocab_size)
     parser.add_argument("--hidden-size", type=int, default=TinyModelSpec.hidden_size)
     parser.add_argument("--num-layers", type=int, default=TinyModelSpec.num_layers)
+    parser.add_argument("--intermediate-size", type=int, default=TinyModelSpec.intermediate_size)
     parser.add_argument("--seed", type=int, default=TinyModelSpec.seed)
     args = parser.parse_args(argv)
     files = [Path(p) for p in args.text.split(",")]
@@ -145,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make_tiny_model: text file(s) not found: {', '.join(missing)}", file=sys.stderr)
         return 1
     spec = TinyModelSpec(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                         num_layers=args.num_layers, seed=args.seed)
+                         num_layers=args.num_layers,
+                         intermediate_size=args.intermediate_size, seed=args.seed)
     out = make_tiny_model(Path(args.out), files, spec)
     print(f"wrote a tiny Qwen2 model and tokenizer to {out}")
     return 0

@@ -3,12 +3,21 @@
 A scripted engine writes the model turns (a script per question), the real agent loop runs them
 against a real search tool, and the resulting trajectories train the model on ``response_mask`` 1
 tokens only, exactly the tokens RL will later train on.
+
+    python toolkits/sft_warmstart.py --model outputs/tiny/model/base --data outputs/tiny/data/train.prepared.jsonl \
+        --server-addr 127.0.0.1:8000 --out outputs/tiny/model/sft
+
+The behaviours and their shares are in ``toolkits/sft_scripts.py``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import random
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,23 +27,37 @@ from tqdm import tqdm
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
+from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
 
 # (record, rng) -> the model turns of one scripted trajectory
 ScriptFn = Callable[[QARecord, random.Random], list[str]]
 
 
 @dataclass(frozen=True)
-class SFTConfig:
-    """Warm-start optimisation settings."""
+class SFTStage:
+    """One phase of the warm start: ``steps`` optimizer steps on batches drawn from ``trajectories``."""
 
-    steps: int = 300
-    """Optimizer steps."""
+    name: str
+    """Shown on the progress bar (``skill``, ``mix``)."""
+    trajectories: list[Trajectory]
+    """The scripted trajectories of this phase."""
+    steps: int
+    """Optimizer steps in this phase."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Warm-start optimisation settings (shared by all stages: one optimizer, one lr schedule)."""
+
     batch_size: int = 16
     """Trajectories per step."""
     lr: float = 3e-3
     """AdamW learning rate (tiny models take large steps)."""
+    warmup_steps: int = 30
+    """Linear warm-up; a tiny model at full lr from step 0 can diverge on the first batches."""
     seed: int = 0
     """Seed for trajectory order."""
 
@@ -67,34 +90,109 @@ def _batch(trajectories: list[Trajectory], pad_id: int) -> tuple[torch.Tensor, t
     return ids, attention, labels
 
 
-def train_sft(model, tokenizer, trajectories: list[Trajectory], config: SFTConfig) -> list[float]:
-    """Cross-entropy on model tokens only; returns the loss per step."""
+def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig) -> list[float]:
+    """Cross-entropy on model tokens only, stage after stage; returns the loss per step."""
+    for stage in stages:
+        if not stage.trajectories:
+            raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps)))
     model.train()
     losses = []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    for _ in (bar := tqdm(range(config.steps), desc="sft warm start", unit="step", dynamic_ncols=True)):
-        ids, attention, labels = _batch(rng.sample(trajectories, min(config.batch_size, len(trajectories))), pad_id)
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    for stage in stages:
+        for _ in (bar := tqdm(range(stage.steps), desc=f"sft {stage.name}", unit="step", dynamic_ncols=True)):
+            batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
+            ids, attention, labels = _batch(batch, pad_id)
+            loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
 
 
-def warm_start(model_dir: Path, out_dir: Path, trajectories: list[Trajectory], config: SFTConfig) -> list[float]:
-    """Load ``model_dir``, train on ``trajectories`` and save the result (model and tokenizer) to ``out_dir``."""
+def warm_start(model_dir: Path, out_dir: Path, stages: list[SFTStage], config: SFTConfig) -> list[float]:
+    """Load ``model_dir``, train on the stages and save the result (model and tokenizer) to ``out_dir``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    losses = train_sft(model, tokenizer, trajectories, config)
+    losses = train_sft(model, tokenizer, stages, config)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return losses
+
+
+async def _collect_from_server(records: list[QARecord], scripts: SyntheticScripts, tokenizer, server_addr: str,
+                               loop_config: AgentLoopConfig, seed: int) -> list[Trajectory]:
+    tool = build_search_tool(SearchToolConfig(server_addr=server_addr, topk=loop_config.topk))
+    try:
+        return await collect_trajectories(records, scripts, tool, tokenizer, loop_config, seed=seed)
+    finally:
+        await tool.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import AutoTokenizer
+
+    from rlinf_search.data.prepare import load_records
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="HF model directory to start from")
+    parser.add_argument("--data", required=True, help="prepared synthetic training jsonl")
+    parser.add_argument("--server-addr", required=True, help="retrieval server host:port")
+    parser.add_argument("--out", required=True, help="directory for the warm-started model")
+    parser.add_argument("--trajectories-per-question", type=int, default=1,
+                        help="mixed-behaviour trajectories per training question")
+    parser.add_argument("--search-share", type=float, default=BehaviourMix.search)
+    parser.add_argument("--bad-query-share", type=float, default=BehaviourMix.bad_query)
+    parser.add_argument("--skill-steps", type=int, default=400,
+                        help="steps on good searches only: querying and copying are the slow skills")
+    parser.add_argument("--mix-steps", type=int, default=150,
+                        help="then steps on the behaviour mix, which sets how often the model searches")
+    parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size)
+    parser.add_argument("--lr", type=float, default=SFTConfig.lr)
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--max-passage-tokens", type=int, default=48)
+    parser.add_argument("--max-obs-tokens", type=int, default=160)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        mix = BehaviourMix(search=args.search_share, bad_query=args.bad_query_share)
+        records = load_records(args.data)
+        scripts = SyntheticScripts(records, mix)
+    except (ValueError, OSError) as exc:
+        print(f"sft_warmstart: {exc}", file=sys.stderr)
+        return 1
+    loop_config = AgentLoopConfig(max_turns=args.max_turns, max_tokens_per_turn=64, max_obs_tokens=args.max_obs_tokens,
+                                  max_passage_tokens=args.max_passage_tokens, topk=args.topk)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    started = time.monotonic()
+    good = asyncio.run(_collect_from_server(records, lambda record, rng: scripts.good_search(record), tokenizer,
+                                            args.server_addr, loop_config, args.seed))
+    mixed = asyncio.run(_collect_from_server(records * args.trajectories_per_question, scripts, tokenizer,
+                                             args.server_addr, loop_config, args.seed))
+    failed = sum(1 for t in good + mixed if t.search_errors)
+    if failed:
+        print(f"sft_warmstart: {failed} scripted trajectories saw failed searches; is the server at "
+              f"{args.server_addr} serving the synthetic corpus?", file=sys.stderr)
+        return 1
+    print(f"collected {len(good) + len(mixed)} scripted trajectories in {time.monotonic() - started:.1f} s")
+    stages = [SFTStage("skill", good, args.skill_steps), SFTStage("mix", mixed, args.mix_steps)]
+    config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    losses = warm_start(Path(args.model), Path(args.out), stages, config)
+    (Path(args.out) / "sft_losses.json").write_text(json.dumps({"config": vars(args), "losses": losses}))
+    print(f"warm start: loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

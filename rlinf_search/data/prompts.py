@@ -28,8 +28,18 @@ SEARCHR1_TEMPLATE = (
     "Question: {question}\n"
 )
 
+# The same protocol in a third of the tokens, for tiny models on a CPU budget (the embedded demo):
+# prompt tokens are most of a short trajectory's compute, and a 2 M-parameter model gains nothing
+# from the longer wording.
+BRIEF_TEMPLATE = (
+    "Answer the question. To look a fact up, write <search> query </search>; the results come back "
+    "between <information> and </information>. Write the final answer as <answer> ... </answer>.\n\n"
+    "Question: {question}\n"
+)
+
 TEMPLATES: dict[str, str] = {
     "searchr1": SEARCHR1_TEMPLATE,
+    "brief": BRIEF_TEMPLATE,
     "plain": PLACEHOLDER,
 }
 """Built-in templates by name; :func:`register_template` adds more."""

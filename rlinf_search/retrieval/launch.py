@@ -1,7 +1,13 @@
-"""Start the retrieval server as a child process and wait until it answers (tests, demo, benchmarks)."""
+"""Start the retrieval server as a child process and wait until it answers (tests, demo, benchmarks).
+
+From a shell script that started the server itself with ``--port 0 --save-address-to FILE``:
+
+    ADDR=$(python -m rlinf_search.retrieval.launch --wait-for FILE --timeout 120)
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -15,6 +21,27 @@ import httpx
 
 class ServerStartError(RuntimeError):
     """The server process exited or did not become healthy in time."""
+
+
+def is_healthy(address: str) -> bool:
+    """Whether the server at ``host:port`` answers ``/health`` with 200."""
+    try:
+        return httpx.get(f"http://{address}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for_address_file(path: Path, timeout_s: float) -> str:
+    """The address a server wrote to ``path`` (``--save-address-to``), once it answers ``/health``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.is_file():
+            address = path.read_text().strip()
+            if address and is_healthy(address):
+                return address
+        time.sleep(0.2)
+    raise ServerStartError(f"no healthy retrieval server wrote its address to {path} within {timeout_s:.0f} s; "
+                           f"see the server's log")
 
 
 class RetrievalServerProcess:
@@ -56,10 +83,7 @@ class RetrievalServerProcess:
         raise ServerStartError(f"retrieval server not healthy after {self.startup_timeout_s:.0f} s: {self.log_tail()}")
 
     def _healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return is_healthy(self.address)
 
     def log_tail(self, lines: int = 5) -> str:
         if not self.log_path.is_file():
@@ -88,3 +112,21 @@ class RetrievalServerProcess:
     def __exit__(self, *exc) -> None:
         self.stop()
         self._workdir.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlinf_search.retrieval.launch",
+                                     description="Wait for a server started with --save-address-to; print its address.")
+    parser.add_argument("--wait-for", required=True, type=Path, help="the file given to --save-address-to")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
+    args = parser.parse_args(argv)
+    try:
+        print(wait_for_address_file(args.wait_for, args.timeout))
+    except ServerStartError as exc:
+        print(f"launch: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Warm-start scripts (behaviour shares, two-hop turns, plausible guesses) and the demo's helper CLIs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from rlinf_search.data.prepare import prepare
+from rlinf_search.retrieval.launch import RetrievalServerProcess, ServerStartError, wait_for_address_file
+from toolkits.sft_scripts import BehaviourMix, SyntheticScripts, question_kind
+from toolkits.sft_warmstart import SFTConfig, SFTStage, train_sft
+from toolkits.synth_task import SynthSpec, write_task
+
+
+@pytest.fixture(scope="module")
+def synth_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth")
+    paths = write_task(out, SynthSpec(people=300, seed=3))
+    return prepare([paths["train"]], "flashrag", data_sources="synth", template="brief")
+
+
+def _behaviour(turns: list[str], record) -> str:
+    if len(turns) == 1:
+        return "guess"
+    return "search" if turns[0] == f"<search> {record.extra['subject']} </search>" else "bad_query"
+
+
+def test_behaviour_shares_follow_the_mix(synth_records):
+    scripts = SyntheticScripts(synth_records, BehaviourMix(search=0.3, bad_query=0.1))
+    rng = random.Random(0)
+    counts = Counter(_behaviour(scripts(record, rng), record) for record in synth_records * 10)
+    total = sum(counts.values())
+    assert abs(counts["search"] / total - 0.3) < 0.03
+    assert abs(counts["bad_query"] / total - 0.1) < 0.03
+    assert abs(counts["guess"] / total - 0.6) < 0.03
+
+
+def test_good_search_copies_the_gold_and_hops_through_the_bridge(synth_records):
+    two_hop = next(r for r in synth_records if r.extra.get("hops") == 2)
+    assert SyntheticScripts.good_search(two_hop) == [
+        f"<search> {two_hop.extra['subject']} </search>", f"<search> {two_hop.extra['bridge']} </search>",
+        f"<answer> {two_hop.golden_answers[0]} </answer>"]
+    one_hop = next(r for r in synth_records if r.extra.get("hops") == 1)
+    assert len(SyntheticScripts.good_search(one_hop)) == 2
+
+
+def test_guesses_are_answers_of_the_same_kind(synth_records):
+    scripts = SyntheticScripts(synth_records, BehaviourMix(search=0.0, bad_query=0.0))
+    rng = random.Random(1)
+    for record in synth_records[:50]:
+        guess = scripts(record, rng)[0].removeprefix("<answer> ").removesuffix(" </answer>")
+        assert guess in scripts.answers_by_kind[question_kind(record)]
+
+
+def test_bad_inputs_get_clear_errors(synth_records, tmp_path):
+    with pytest.raises(ValueError, match="sum to <= 1"):
+        BehaviourMix(search=0.8, bad_query=0.3)
+    plain = dataclasses.replace(synth_records[0], extra={})
+    with pytest.raises(ValueError, match="no extra.subject"):
+        question_kind(plain)
+    with pytest.raises(ValueError, match="stage 'skill' has no trajectories"):
+        train_sft(None, None, [SFTStage("skill", [], 3)], SFTConfig())
+
+
+def test_wait_for_address_file_finds_a_real_server(hotpot_index_dir, hotpot_corpus, tmp_path):
+    with RetrievalServerProcess(["--index-dir", str(hotpot_index_dir), "--corpus", str(hotpot_corpus),
+                                 "--retriever", "bm25"]) as server:
+        server_file = tmp_path / "addr"
+        server_file.write_text(server.address)
+        assert wait_for_address_file(server_file, timeout_s=10) == server.address
+    with pytest.raises(ServerStartError, match="no healthy retrieval server"):
+        wait_for_address_file(tmp_path / "never-written", timeout_s=0.5)
+    done = subprocess.run([sys.executable, "-m", "rlinf_search.retrieval.launch", "--wait-for",
+                           str(tmp_path / "never-written"), "--timeout", "0.3"], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "launch: no healthy" in done.stderr
+
+
+def test_demo_summary_writes_the_comparison(tmp_path):
+    for name, em in (("before", 0.05), ("after", 0.4)):
+        (tmp_path / name).mkdir()
+        scores = {"n": 10, "em": em, "subem": em, "f1": em, "searches": em * 2}
+        (tmp_path / name / "eval_results.json").write_text(json.dumps({"overall": scores}))
+    done = subprocess.run([sys.executable, "examples/searchr1/demo_summary.py", "--before",
+                           str(tmp_path / "before/eval_results.json"), "--after", str(tmp_path / "after/eval_results.json"),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "held-out EM: warm-start 0.050 -> after RL 0.400"
+    summary = json.loads((tmp_path / "out/eval_results.json").read_text())
+    assert summary["gain"]["em"] == pytest.approx(0.35)
+    assert (tmp_path / "out/eval_comparison.png").stat().st_size > 0

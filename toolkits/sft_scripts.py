@@ -1,0 +1,74 @@
+"""Scripted behaviours for the warm start: good searches mixed with the flaws RL should remove.
+
+Each prepared synthetic record carries ``extra.subject`` (the person asked about) and, for two-hop
+questions, ``extra.bridge`` (the city between the person and the country). A script is the list of
+model turns of one trajectory; the agent loop and the real search tool fill in the observations.
+
+Behaviours, drawn per trajectory:
+- ``search``: search the subject's name, (two-hop: then the city read from the first result) and
+  copy the answer out of the ``<information>`` block. The only behaviour that earns reward reliably.
+- ``guess``: answer at once with a plausible answer of the right kind (another record's gold).
+- ``bad_query``: search something useless (the question's kind of answer, not the name), then guess.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+
+from rlinf_search.data.io_struct import QARecord
+
+
+@dataclass(frozen=True)
+class BehaviourMix:
+    """Shares of the scripted behaviours; the rest of the trajectories are ``guess``."""
+
+    search: float = 0.3
+    """Good searches that copy the answer. Below 0.5, the warm-started model's greedy choice is to
+    guess, so held-out EM starts low and rises only if RL makes searching the likelier first move."""
+    bad_query: float = 0.1
+    """Searches with a useless query followed by a guess."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.search and 0 <= self.bad_query and self.search + self.bad_query <= 1):
+            raise ValueError(f"behaviour shares must be >= 0 and sum to <= 1, got search={self.search}, "
+                             f"bad_query={self.bad_query}")
+
+
+def question_kind(record: QARecord) -> str:
+    """The question with its subject blanked: ``Where was {} born?``; questions of one kind share answers."""
+    subject = record.extra.get("subject")
+    if not subject:
+        raise ValueError(f"record {record.uid}: no extra.subject; warm-start scripts need synthetic records "
+                         f"(python toolkits/synth_task.py, then rlinf_search.data.prepare)")
+    return record.question.replace(subject, "{}")
+
+
+class SyntheticScripts:
+    """Builds one scripted trajectory per record, following a :class:`BehaviourMix`."""
+
+    def __init__(self, records: list[QARecord], mix: BehaviourMix):
+        self.mix = mix
+        # Guesses come from the answers of other questions of the same kind, so a guess is well formed
+        # and plausible (a city for "where", a profession for "what was the profession") but rarely right.
+        self.answers_by_kind: dict[str, list[str]] = defaultdict(list)
+        for record in records:
+            self.answers_by_kind[question_kind(record)].append(record.golden_answers[0])
+
+    def __call__(self, record: QARecord, rng: random.Random) -> list[str]:
+        draw = rng.random()
+        guess = f"<answer> {rng.choice(self.answers_by_kind[question_kind(record)])} </answer>"
+        if draw < self.mix.search:
+            return self.good_search(record)
+        if draw < self.mix.search + self.mix.bad_query:
+            useless = rng.choice(self.answers_by_kind[question_kind(record)])
+            return [f"<search> {useless} </search>", guess]
+        return [guess]
+
+    @staticmethod
+    def good_search(record: QARecord) -> list[str]:
+        turns = [f"<search> {record.extra['subject']} </search>"]
+        if record.extra.get("bridge"):
+            turns.append(f"<search> {record.extra['bridge']} </search>")
+        return [*turns, f"<answer> {record.golden_answers[0]} </answer>"]
