@@ -86,3 +86,188 @@ def test_inference_group_only_on_devices_of_its_own(cfg):
     cfg.algorithm.logprob_forward_micro_batch_size = 8
     run = validate_cfg(cfg)
     assert run.inference.separate and run.inference.forward_micro_batch_size == run.actor.forward_micro_batch_size == 8
+
+
+# ---- every accepted key is read: group names, logger name, task and reward type, shuffling, templating ----
+def test_group_names_and_logger_name_are_read(cfg):
+    cfg.actor.group_name, cfg.rollout.group_name, cfg.reward.group_name = "Policy", "Engines", "Judges"
+    cfg.runner.logger.experiment_name = "sweep-7"
+    run = validate_cfg(cfg)
+    assert (run.actor_group, run.rollout_group, run.reward_group) == ("Policy", "Engines", "Judges")
+    assert run.runner.experiment_name == "sweep-7"
+    del cfg.runner.logger.experiment_name
+    assert validate_cfg(cfg).runner.experiment_name == cfg.runner.experiment_name == "tiny-cpu"
+
+
+def test_train_main_launches_the_configured_group_names(cfg, monkeypatch):
+    from types import SimpleNamespace
+
+    from rlinf_search.runners import train_main
+
+    launched = {}
+
+    class FakeWorker:
+        @staticmethod
+        def create_group(*args):
+            return SimpleNamespace(launch=lambda cluster, placement, name: launched.setdefault(name, placement))
+
+    for worker in ("ActorWorker", "RolloutWorker", "RewardWorker", "CriticWorker", "InferenceWorker"):
+        monkeypatch.setattr(train_main, worker, FakeWorker)
+    monkeypatch.setattr(train_main, "require_training_backend", lambda *args, **kwargs: None)
+    cfg.actor.group_name, cfg.rollout.group_name, cfg.reward.group_name = "Policy", "Engines", "Judges"
+    run = validate_cfg(cfg)
+    train_main.launch_groups(run, SimpleNamespace(placement=run.placement, device_kind="cpu"), None)
+    assert set(launched) == {"Policy", "Engines", "Judges"}
+
+
+def test_removed_agentloop_group_name_warns_and_is_dropped(cfg, caplog):
+    cfg.agentloop.group_name = "AgentLoopGroup"
+    validate_cfg(cfg)
+    assert "agentloop.group_name is ignored: the agent loop runs inside the rollout group" in caplog.text
+    assert "remove this key" in caplog.text
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shuffle_rollout_decides_the_mini_batches(cfg, shuffle):
+    """The actor's and the critic's update loops cut rollout order into mini-batches unless told to shuffle."""
+    import random
+
+    from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
+    from rlinf_search.workers.critic.value_trainer import ValueTrainer
+
+    cfg.algorithm.shuffle_rollout = shuffle
+    cfg.algorithm.adv_type, cfg.critic.use_critic_model = "gae", True
+    run = validate_cfg(cfg)
+    assert run.actor.shuffle_rollout is run.critic.shuffle_rollout is shuffle
+
+    class Rows:  # stands in for a RolloutBatch: just the rows a mini-batch selects
+        advantages = old_logprobs = ref_logprobs = values = returns = "set"
+
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return len(self.rows)
+
+        def select(self, indices):
+            return Rows([self.rows[i] for i in indices])
+
+    for trainer_cls, config in ((PolicyTrainer, run.actor), (ValueTrainer, run.critic)):
+        seen = []
+        trainer = object.__new__(trainer_cls)  # the update loop only; no model
+        trainer.config, trainer._rng = config, random.Random(0)
+        trainer._optimizer_step = lambda minibatch: seen.append(minibatch.rows) or {"loss": 0.0}
+        trainer.train_on_batch(Rows(list(range(8))))
+        assert (seen == [[0, 1, 2, 3], [4, 5, 6, 7]]) is not shuffle, (trainer_cls.__name__, seen)
+
+
+@pytest.mark.parametrize("apply_template", [True, False])
+def test_apply_chat_template_decides_how_prompts_are_tokenized(cfg, apply_template):
+    from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
+    from rlinf_search.data.io_struct import QARecord
+
+    class Tokenizer:  # one id per character; the chat template wraps the text in markers
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            return self.encode("<user>" + messages[0]["content"] + "<assistant>")
+
+    cfg.data.apply_chat_template = apply_template
+    loop_config = validate_cfg(cfg).agent_loop
+    assert loop_config.apply_chat_template is apply_template
+    loop = SearchR1AgentLoop(None, None, Tokenizer(), loop_config)
+    chat = QARecord(uid="q", prompt=[{"role": "user", "content": "Who?"}], golden_answers=["x"], data_source="t")
+    text = QARecord(uid="t", prompt="<user>Who?<assistant>", golden_answers=["x"], data_source="t")
+    expected = "<user>Who?<assistant>" if apply_template else "Who?"
+    assert loop.prompt_ids(chat) == [ord(c) for c in expected]
+    assert loop.prompt_ids(text) == [ord(c) for c in "<user>Who?<assistant>"], "text is tokenized as it is either way"
+
+
+# ---- start-up checks that used to fail only after Ray started ---------------------------------------------
+def test_wandb_without_its_package_fails_at_validation(cfg, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    cfg.runner.logger.logger_backends = ["console", "wandb"]
+    with pytest.raises(ConfigError, match=r"runner.logger.logger_backends: wandb needs .*\(pip install wandb\)"):
+        validate_cfg(cfg)
+
+
+# ---- null means the default, everywhere ---------------------------------------------------------------
+def test_null_means_the_default(cfg):
+    for section, key in (("algorithm", "kl_beta"), ("algorithm", "group_size"), ("runner", "max_steps"),
+                         ("algorithm", "n_minibatches"), ("algorithm", "shuffle_rollout"), ("data", "seed"),
+                         ("rollout", "max_running_requests"), ("agentloop", "max_turns"), ("actor", "offload_weight")):
+        cfg[section][key] = None
+    cfg.algorithm.sampling_params.temperature = None
+    cfg.actor.optim.lr = None
+    cfg.tools.search.topk = None
+    cfg.cluster.num_gpus_per_node = None
+    cfg.algorithm.update({"ratio_clip_eps": 0.25, "clip_ratio_low": None, "clip_ratio_high": None})
+    run = validate_cfg(cfg)
+    assert run.actor.loss.kl_beta == 0.0 and run.group_size == 4 and run.runner.max_steps == 100
+    assert run.actor.n_minibatches == 1 and run.actor.shuffle_rollout and run.seed == 0
+    assert run.rollout.max_running_requests == 64 and run.agent_loop.max_turns == 2
+    assert run.agent_loop.sampling.temperature == 1.0 and run.actor.optim.lr == 1e-6 and run.search.topk == 3
+    assert run.actor.loss.clip_ratio_low == run.actor.loss.clip_ratio_high == 0.25
+    cfg.algorithm.clip_ratio_c = None
+    assert validate_cfg(cfg).actor.loss.clip_ratio_c is None, "clip_ratio_c: null turns dual clip off"
+
+
+def test_default_group_size_works_with_the_default_estimator(cfg):
+    del cfg.algorithm.group_size, cfg.algorithm.adv_type
+    run = validate_cfg(cfg)
+    assert run.group_size == 4 and run.adv_type == "grpo"
+
+
+def test_max_tokens_per_mbs_is_an_integer(cfg):
+    cfg.runner.max_tokens_per_mbs = "4096"
+    run = validate_cfg(cfg)
+    assert run.actor.max_tokens_per_mbs == 4096 and run.runner.max_tokens_per_mbs == 4096
+
+
+# ---- the lr schedule spans the run's real steps ---------------------------------------------------------
+def test_lr_schedule_spans_the_steps_the_run_really_takes(cfg):
+    # 100 training prompts, 16 per step: 6 steps an epoch (the incomplete last batch is dropped).
+    cfg.runner.max_epochs, cfg.runner.max_steps = 1, 40
+    run = validate_cfg(cfg)
+    assert run.total_steps == 6 and run.actor.optim.total_steps == 6 * cfg.algorithm.ppo_epochs * 2
+    cfg.runner.max_epochs = 100  # now max_steps ends the run first
+    run = validate_cfg(cfg)
+    assert run.total_steps == 40 and run.actor.optim.total_steps == 40 * 2
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c.runner.update({"task_type": "reasoning"}),
+     "runner.task_type: unknown 'reasoning'; this trainer runs searchr1"),
+    (lambda c: c.reward.update({"reward_type": "math"}), "reward.reward_type: unknown 'math'; choose searchr1"),
+    (lambda c: c.reward.update({"group_name": "ActorGroup"}),
+     "reward.group_name: 'ActorGroup' is actor.group_name too"),
+    (lambda c: c.cluster.update({"component_placement": {"actor,rollout": "all"}}),
+     "cluster.component_placement: a training run places actor, rollout, reward (e.g. 'actor,rollout,reward: all'); "
+     "reward is missing"),
+    (lambda c: c.cluster.update({"component_placement": {"actor,rollout,reward,agentloop": "all"}}),
+     "unknown component 'agentloop'"),
+    (lambda c: c.runner.logger.update({"logger_backends": ["console", "tensorbord"]}),
+     "runner.logger.logger_backends: unknown ['tensorbord']"),
+    (lambda c: c.runner.logger.update({"logger_backends": "console"}),
+     "runner.logger.logger_backends: expected a list of sink names"),
+    (lambda c: c.tools.search.update({"top_k": 5}),
+     "tools.search.top_k: unknown key; tools.search takes backend, backoff_base_s"),
+    (lambda c: c.runner.update({"max_tokens_per_mbs": 0}), "runner.max_tokens_per_mbs must be >= 1, got 0"),
+    (lambda c: c.runner.update({"max_tokens_per_mbs": "lots"}), "runner.max_tokens_per_mbs: expected an integer"),
+    (lambda c: c.runner.update({"max_steps": -1}), "runner.max_steps must be >= 1, got -1"),
+    (lambda c: c.algorithm.update({"kl_beta": "small"}), "algorithm.kl_beta: expected a number, got 'small'"),
+    (lambda c: c.algorithm.update({"n_minibatches": 0}), "algorithm.n_minibatches must be >= 1"),
+    (lambda c: c.data.update({"shuffle": "no"}), "data.shuffle: expected true or false, got 'no'"),
+    (lambda c: c.data.update({"rollout_batch_size": 128}),
+     "data.rollout_batch_size (128) is larger than the training set (100 prompts in data.train_data_paths)"),
+])
+def test_new_start_up_checks_name_the_key(cfg, change, message):
+    change(cfg)
+    with pytest.raises(ConfigError) as error:
+        validate_cfg(cfg)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)

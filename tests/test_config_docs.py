@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlinf_search.config import DEPRECATED_KEYS, SCHEMA
+from rlinf_search.config import DEPRECATED_KEYS, REMOVED_KEYS, SCHEMA
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.tools.search.config import SearchToolConfig
 
@@ -110,3 +110,10 @@ def test_deprecated_keys_are_documented():
     for old, new in DEPRECATED_KEYS.items():
         assert re.search(rf"\|\s*`{re.escape(old)}`\s*\|\s*`{re.escape(new)}`\s*\|", text), \
             f"docs/config.md: no deprecated-keys row for {old} -> {new}"
+
+
+def test_removed_keys_are_documented():
+    text = DOC.read_text(encoding="utf-8")
+    for old in REMOVED_KEYS:
+        assert re.search(rf"\|\s*`{re.escape(old)}`\s*\|\s*nothing\s*\|", text), \
+            f"docs/config.md: no deprecated-keys row for the removed key {old}"

@@ -142,9 +142,11 @@ def test_join_batches_repads_and_own_rows_slices_back(tiny_model_dir):
 
 # ---- config -----------------------------------------------------------------------------------------
 @pytest.fixture()
-def recipe():
+def recipe(tmp_path):
     cfg = OmegaConf.load(RECIPE)
-    cfg.data.train_data_paths = [str(HOTPOT_DIR / "test.jsonl")]
+    prompts = tmp_path / "prompts.jsonl"  # validation counts the prompts (a batch at least), it does not parse them
+    prompts.write_text("{}\n" * cfg.data.rollout_batch_size)
+    cfg.data.train_data_paths = [str(prompts)]
     cfg.data.val_data_paths = [str(HOTPOT_DIR / "test.jsonl")]
     return cfg
 

@@ -209,6 +209,12 @@ def load_records(path: str | Path) -> list[QARecord]:
     return records
 
 
+def count_records(path: str | Path) -> int:
+    """How many records ``load_records`` would return (its non-blank lines), without parsing them."""
+    with open(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlinf_search.data.prepare",
                                      description=__doc__.split("\n\n")[0])

@@ -15,17 +15,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.config import (
-    SCHEMA,
-    ConfigError,
     _agent_loop,
-    _apply_deprecations,
-    _check_keys,
     _check_paths,
     _cluster,
-    _get,
     _rollout,
     _sampling,
     register_resolvers,
+    require_placed,
+)
+from rlinf_search.config_schema import (
+    SCHEMA,
+    ConfigError,
+    apply_deprecations,
+    check_keys,
+    get,
+    get_bool,
+    get_float,
+    get_int,
 )
 from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
@@ -41,7 +47,7 @@ EVAL_SCHEMA = {
     "agentloop": SCHEMA["agentloop"],
     "tools": SCHEMA["tools"],
     "rollout": SCHEMA["rollout"],
-    "data": {"max_prompt_length": None, "seed": None, "val_data_paths": None},
+    "data": {"max_prompt_length": None, "apply_chat_template": None, "seed": None, "val_data_paths": None},
     "reward": {"group_name": None, "score": None, "reward_scale": None},
 }
 
@@ -85,36 +91,32 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     """Check the whole eval config once; return its typed view. Raises ``ConfigError`` naming the key."""
     register_resolvers()
     raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    _apply_deprecations(raw)
-    _check_keys(raw, EVAL_SCHEMA, "")
-    output_dir = _get(raw, "runner.output_dir")
+    apply_deprecations(raw)
+    check_keys(raw, EVAL_SCHEMA, "")
+    output_dir = get(raw, "runner.output_dir")
     if not output_dir:
         raise ConfigError("runner.output_dir is required")
-    seq_length, max_prompt = int(_get(raw, "runner.seq_length", 4096)), int(_get(raw, "data.max_prompt_length", 1024))
+    seq_length = get_int(raw, "runner.seq_length", 4096, minimum=2)
+    max_prompt = get_int(raw, "data.max_prompt_length", 1024, minimum=1)
     if max_prompt >= seq_length:
         raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
-    samples = int(_get(raw, "algorithm.group_size", 1))
-    if samples < 1:
-        raise ConfigError(f"algorithm.group_size must be >= 1, got {samples}")
+    samples = get_int(raw, "algorithm.group_size", 1, minimum=1)
     sampling = _sampling(raw)
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
     rollout = _rollout(raw, sampling, recompute=True)
     search, agent_loop = _agent_loop(raw, sampling, max_response=seq_length - max_prompt,
-                                     retokenize=bool(_get(raw, "agentloop.retokenize", False)))
+                                     retokenize=get_bool(raw, "agentloop.retokenize", False))
     cluster, placement = _cluster(raw, rollout.backend)
-    for component in ("rollout", "reward"):
-        if component not in placement.components:
-            raise ConfigError(f"cluster.component_placement: an eval places rollout and reward (e.g. "
-                              f"'rollout,reward: all'); {component} is missing")
-    score = _get(raw, "reward.score", "em")
+    require_placed(placement, ("rollout", "reward"), run="an eval")
+    score = get(raw, "reward.score", "em")
     if score not in REWARDS:
         raise ConfigError(f"reward.score: unknown {score!r}; choose one of {sorted(REWARDS)}")
-    val_paths = tuple(_get(raw, "data.val_data_paths", ()))
+    val_paths = tuple(get(raw, "data.val_data_paths", ()))
     _check_paths(val_paths, "data.val_data_paths", required=True)
     return EvalConfig(
         cluster=cluster, placement=placement, output_dir=str(Path(output_dir)),
-        experiment_name=_get(raw, "runner.experiment_name", "eval"), rollout=rollout,
-        rollout_group=_get(raw, "rollout.group_name", "RolloutGroup"), agent_loop=agent_loop, search=search,
-        val_data_paths=val_paths, samples_per_prompt=samples, seed=int(_get(raw, "data.seed", 0)),
-        reward_group=_get(raw, "reward.group_name", "RewardGroup"), reward_score=score,
-        reward_scale=float(_get(raw, "reward.reward_scale", 1.0)))
+        experiment_name=str(get(raw, "runner.experiment_name", "eval")), rollout=rollout,
+        rollout_group=str(get(raw, "rollout.group_name", "RolloutGroup")), agent_loop=agent_loop, search=search,
+        val_data_paths=val_paths, samples_per_prompt=samples, seed=get_int(raw, "data.seed", 0),
+        reward_group=str(get(raw, "reward.group_name", "RewardGroup")), reward_score=score,
+        reward_scale=get_float(raw, "reward.reward_scale", 1.0))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import time
@@ -71,11 +72,8 @@ class WandbSink:
     """W&B reads its key from WANDB_API_KEY itself; it never passes through our config or logs."""
 
     def __init__(self, log_path: Path, project: str, experiment: str):
-        try:
-            import wandb
-        except ImportError:
-            raise ValueError("runner.logger.logger_backends has wandb but the wandb package is not installed "
-                             "(pip install wandb)") from None
+        import wandb
+
         self._run = wandb.init(project=project, name=experiment, dir=str(log_path))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -91,6 +89,20 @@ SINKS: dict[str, Callable[..., MetricSink]] = {
     "tensorboard": lambda log_path, project, experiment: TensorBoardSink(log_path),
     "wandb": WandbSink,
 }
+# The package each sink imports when it starts: checked by ``check_backends`` before any worker starts.
+SINK_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def check_backends(backends: list[str] | tuple[str, ...]) -> None:
+    """A one-line ``ValueError`` on a sink name that does not exist or whose package is not installed."""
+    unknown = [b for b in backends if b not in SINKS]
+    if unknown:
+        raise ValueError(f"runner.logger.logger_backends: unknown {unknown}; choose from {sorted(SINKS)}")
+    for name in backends:
+        package = SINK_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise ValueError(f"runner.logger.logger_backends: {name} needs the {package} package, which is not "
+                             f"installed (pip install {package})")
 
 
 class MetricLogger:
@@ -98,9 +110,7 @@ class MetricLogger:
 
     def __init__(self, log_path: Path, backends: list[str], *, project: str = "rlinf-search",
                  experiment: str = "run"):
-        unknown = [b for b in backends if b not in SINKS]
-        if unknown:
-            raise ValueError(f"runner.logger.logger_backends: unknown {unknown}; choose from {sorted(SINKS)}")
+        check_backends(backends)
         self.sinks = [SINKS[name](Path(log_path), project, experiment) for name in backends]
 
     def log(self, metrics: dict[str, float], step: int) -> None:

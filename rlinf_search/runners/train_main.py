@@ -24,9 +24,9 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
     require_training_backend(config.actor, device_kind=cluster.device_kind,
                              actor_ranks=len(placement["actor"].ranks))
     actor = ActorWorker.create_group(config, str(resume) if resume else None).launch(
-        cluster, placement["actor"], name="ActorGroup")
-    rollout = RolloutWorker.create_group(config).launch(cluster, placement["rollout"], name="RolloutGroup")
-    reward = RewardWorker.create_group(config).launch(cluster, placement["reward"], name="RewardGroup")
+        cluster, placement["actor"], name=config.actor_group)
+    rollout = RolloutWorker.create_group(config).launch(cluster, placement["rollout"], name=config.rollout_group)
+    reward = RewardWorker.create_group(config).launch(cluster, placement["reward"], name=config.reward_group)
     critic = None
     if config.critic is not None:  # on the actor's devices: it trains on the same rows at the same time
         critic = CriticWorker.create_group(config, str(resume) if resume else None).launch(

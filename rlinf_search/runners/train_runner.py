@@ -350,7 +350,7 @@ class SearchR1Runner:
 
     def fit(self) -> None:
         runner = self.config.runner
-        total = min(runner.max_steps, runner.max_epochs * self.stream.batches_per_epoch)
+        total = self.config.total_steps  # min(max_steps, max_epochs x batches per epoch), as the lr schedule
         with tqdm(total=total, initial=self.state.global_step, desc="train", unit="step", dynamic_ncols=True) as bar:
             while self.state.global_step < total:
                 metrics = self.train_step(prefetch=self.state.global_step + 1 < total)

@@ -84,7 +84,7 @@ class ClusterConfig:
         if unknown:
             raise PlacementError(f"cluster.{unknown[0]}: unknown key; the cluster section takes "
                                  f"{', '.join(sorted(known))}")
-        values = dict(section)
+        values = {key: value for key, value in section.items() if value is not None}  # null: the default
         groups = values.get("node_groups") or {}
         if not isinstance(groups, Mapping):
             raise PlacementError("cluster.node_groups must map a label to {nodes: ...}, "

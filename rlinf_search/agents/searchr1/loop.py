@@ -50,6 +50,9 @@ class AgentLoopConfig:
     retokenize: bool = False
     """Reproduce the reference implementations: decode each turn, cut at the stop tag and re-encode
     it. The ids can then differ from the sampled ones and the engine's log-probs no longer apply."""
+    apply_chat_template: bool = True
+    """Chat-message prompts go through the tokenizer's chat template; false tokenizes their text as it
+    is (the messages' contents joined by blank lines). Text prompts are tokenized as they are either way."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     """Sampling for every turn (``max_new_tokens`` and ``stop`` are set per turn by the loop)."""
     max_concurrent_trajectories: int = 256
@@ -110,6 +113,8 @@ class SearchR1AgentLoop:
         """Template the prompt: chat messages through the tokenizer's chat template, text as is."""
         if isinstance(record.prompt, str):
             return self._encode(record.prompt)
+        if not self.config.apply_chat_template:
+            return self._encode("\n\n".join(message["content"] for message in record.prompt))
         encoded = self.tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 

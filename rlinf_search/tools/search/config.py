@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 # Backends that ship with the package; anything else must be a dotted import path to a factory.
 BUILTIN_BACKENDS = ("local", "serper", "inprocess")
@@ -55,6 +56,15 @@ class SearchToolConfig:
     """For ``inprocess``: the corpus jsonl the index was built on."""
     retriever: str = "bm25"
     """For ``inprocess``: ``bm25``, ``hybrid`` or a dense encoder name (BM25 loads in well under a second)."""
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> SearchToolConfig:
+        """Build from the ``tools.search`` section; a null value means the field's default."""
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(section) - set(known))
+        if unknown:
+            raise ValueError(f"tools.search.{unknown[0]}: unknown key; tools.search takes {', '.join(known)}")
+        return cls(**{key: value for key, value in section.items() if value is not None})
 
     def __post_init__(self) -> None:
         self._check_backend()

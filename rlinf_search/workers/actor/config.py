@@ -90,6 +90,9 @@ class ActorConfig:
     """Training precision of the parameters: ``float32`` or ``bfloat16``."""
     seed: int = 0
     """Seed for mini-batch shuffling."""
+    shuffle_rollout: bool = True
+    """``algorithm.shuffle_rollout``: shuffle the batch's rows before each epoch cuts it into mini-batches;
+    false keeps rollout order (a prompt's group stays in one mini-batch where the sizes allow)."""
     training_backend: str = "fsdp"
     """``actor.training_backend``: ``fsdp`` (a HF model, data parallel; CPU or GPU) or ``megatron``
     (megatron-core, tensor parallel; GPUs only). See ``workers/actor/backends.py``."""

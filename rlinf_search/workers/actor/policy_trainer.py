@@ -121,7 +121,8 @@ class PolicyTrainer:
         history: list[dict[str, float]] = []
         for _ in range(self.config.ppo_epochs):
             rows = list(range(len(batch)))
-            self._rng.shuffle(rows)
+            if self.config.shuffle_rollout:
+                self._rng.shuffle(rows)
             for minibatch_rows in split_evenly(rows, self.config.n_minibatches):
                 history.append(self._optimizer_step(batch.select(sorted(minibatch_rows))))
         return {key: sum(h[key] for h in history) / len(history) for key in history[0]}

@@ -36,6 +36,8 @@ class CriticConfig:
     """``critic.model.precision``: ``float32`` or ``bfloat16``."""
     seed: int = 0
     """``data.seed``: value-head initialisation and mini-batch shuffling."""
+    shuffle_rollout: bool = True
+    """``algorithm.shuffle_rollout``: shuffle the rows before cutting mini-batches (as the actor)."""
     warmup_steps: int = 0
     """``critic.warmup_steps`` (verl's ``trainer.critic_warmup``): the first N steps train only the critic,
     so the actor's first updates use values that have already regressed on some returns."""

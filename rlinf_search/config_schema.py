@@ -1,0 +1,164 @@
+"""The accepted keys of the training config, and the readers ``validate_cfg`` uses on the raw YAML dict.
+
+Every reader treats an explicit ``null`` as "use the default" (``algorithm.kl_beta: null`` is 0.0), and
+a value of the wrong type is a ``ConfigError`` naming the key, never a ``TypeError`` from deep inside.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rlinf_search.workers.actor.megatron.config import CONVERTER_KEYS as MEGATRON_CONVERTER_KEYS
+from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A config value or combination that cannot run; the message starts with the key's path."""
+
+
+# Every key the code reads; a key outside this tree is a typo or a dead setting, and an error.
+SCHEMA: dict[str, Any] = {
+    "hydra": "*",
+    "cluster": "*",  # checked by ClusterConfig.from_dict
+    "runner": {"task_type": None, "experiment_name": None, "output_dir": None, "max_epochs": None,
+               "max_steps": None, "val_check_interval": None, "save_interval": None, "seq_length": None,
+               "max_tokens_per_mbs": None, "resume_dir": None,
+               "logger": {"log_path": None, "project_name": None, "experiment_name": None, "logger_backends": None}},
+    "algorithm": {"group_size": None, "n_minibatches": None, "ppo_epochs": None, "recompute_logprobs": None,
+                  "shuffle_rollout": None, "loss_agg_func": None, "kl_beta": None, "kl_penalty_type": None,
+                  "ratio_clip_eps": None, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": None,
+                  "entropy_bonus": None, "adv_type": None, "normalize_advantages": None, "gamma": None, "lam": None,
+                  "mismatch_correction": None, "value_clip": None, "logprob_forward_micro_batch_size": None,
+                  "sampling_params": {"do_sample": None, "temperature": None, "top_k": None, "top_p": None,
+                                      "max_new_tokens": None}},
+    "agentloop": {"max_turns": None, "max_tool_response_length": None, "max_passage_tokens": None,
+                  "retokenize": None},
+    "tools": {"search": "*"},  # checked by SearchToolConfig.from_dict
+    "rollout": {"group_name": None, "rollout_backend": None, "max_running_requests": None,
+                "gpu_memory_utilization": None, "tensor_parallel_size": None,
+                "model": {"model_path": None, "precision": None}},
+    "inference": {"group_name": None, "load_from_actor": None},
+    "data": {"max_prompt_length": None, "rollout_batch_size": None, "apply_chat_template": None, "shuffle": None,
+             "seed": None, "train_data_paths": None, "val_data_paths": None},
+    "actor": {"group_name": None, "training_backend": None,
+              "model": {"precision": None, **{key: None for key in MEGATRON_MODEL_KEYS}},
+              "megatron": {"use_hf_ckpt": None, "distributed_timeout_minutes": None,
+                           "ckpt_convertor": {key: None for key in MEGATRON_CONVERTER_KEYS}},
+              "offload_weight": None, "offload_grad": None, "offload_optimizer": None,
+              "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,
+                        "clip_grad": None},
+              "lr_sched": {"lr_warmup_fraction": None, "lr_decay_style": None, "min_lr": None}},
+    "reward": {"group_name": None, "reward_type": None, "score": None, "reward_scale": None},
+    "critic": {"use_critic_model": None, "group_name": None, "warmup_steps": None,
+               "model": {"model_path": None, "precision": None},
+               "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,
+                         "clip_grad": None},
+               "lr_sched": {"lr_warmup_fraction": None, "lr_decay_style": None, "min_lr": None}},
+}
+# Old spelling -> new; RLinf itself writes the turn limit both ways.
+DEPRECATED_KEYS = {"agentloop.maxturn": "agentloop.max_turns"}
+# RLinf keys that name something this trainer does not have: dropped with a one-line warning, so an
+# RLinf config loads, and the message says why the key does nothing.
+REMOVED_KEYS = {"agentloop.group_name": "the agent loop runs inside the rollout group (rollout.group_name)"}
+
+
+def check_keys(node: Any, schema: Any, path: str) -> None:
+    """Raise on the first key of ``node`` that ``schema`` does not name."""
+    if schema == "*" or schema is None:
+        return
+    if not isinstance(node, dict):
+        raise ConfigError(f"{path}: expected a section of keys, got {type(node).__name__}")
+    for key, value in node.items():
+        if key not in schema:
+            raise ConfigError(f"{path}.{key}: unknown key; {path} takes {', '.join(sorted(schema))}".lstrip("."))
+        check_keys(value, schema[key], f"{path}.{key}" if path else key)
+
+
+def apply_deprecations(raw: dict) -> None:
+    """Rename deprecated keys in place (warning once each) and drop removed ones."""
+    for old, new in DEPRECATED_KEYS.items():
+        section, old_key = old.split(".")
+        _, new_key = new.split(".")
+        body = raw.get(section) or {}
+        if old_key in body:
+            log.warning("%s is deprecated; write %s", old, new)
+            if new_key in body and body[new_key] != body[old_key]:
+                raise ConfigError(f"{old} and {new} disagree ({body[old_key]} vs {body[new_key]}); keep {new}")
+            body[new_key] = body.pop(old_key)
+    for dotted, reason in REMOVED_KEYS.items():
+        section, key = dotted.split(".")
+        body = raw.get(section) or {}
+        if key in body:
+            log.warning("%s is ignored: %s; remove this key", dotted, reason)
+            del body[key]
+
+
+def get(raw: dict, dotted: str, default: Any = None) -> Any:
+    """The value at ``dotted``; ``default`` when a key on the way is absent or the value is null."""
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+def get_int(raw: dict, dotted: str, default: int | None, *, minimum: int | None = None) -> int | None:
+    """An integer key (null: ``default``), at least ``minimum`` when given."""
+    value = get(raw, dotted, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"{dotted}: expected an integer, got {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{dotted}: expected an integer, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{dotted} must be >= {minimum}, got {number}")
+    return number
+
+
+def get_float(raw: dict, dotted: str, default: float | None) -> float | None:
+    """A number key (null: ``default``)."""
+    value = get(raw, dotted, default)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{dotted}: expected a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{dotted}: expected a number, got {value!r}") from None
+
+
+def get_bool(raw: dict, dotted: str, default: bool) -> bool:
+    """A true/false key (null: ``default``); a string such as ``"false"`` is an error, not truthy."""
+    value = get(raw, dotted, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{dotted}: expected true or false, got {value!r}")
+    return value
+
+
+def get_section(raw: dict, dotted: str) -> dict:
+    """A section's keys without its null values (null means the field's default)."""
+    body = get(raw, dotted, {})
+    if not isinstance(body, dict):
+        raise ConfigError(f"{dotted}: expected a section of keys, got {type(body).__name__}")
+    return {key: value for key, value in body.items() if value is not None}
+
+
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32", "bfloat16": "bfloat16"}
+
+
+def get_precision(raw: dict, dotted: str, default: str | None) -> str | None:
+    """A precision key as a torch dtype name (``bf16`` -> ``bfloat16``); null: ``default`` (None stays None)."""
+    value = get(raw, dotted, default)
+    if value is None:
+        return None
+    if value not in PRECISIONS:
+        raise ConfigError(f"{dotted}: precision must be one of {sorted(PRECISIONS)}, got {value!r}")
+    return PRECISIONS[value]

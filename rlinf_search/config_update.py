@@ -1,0 +1,126 @@
+"""The policy and value updates' typed views, from the raw config: ``actor`` with the ``algorithm`` loss
+keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_cfg``; each raises
+``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from rlinf_search.config_schema import (
+    ConfigError,
+    get,
+    get_bool,
+    get_float,
+    get_int,
+    get_precision,
+    get_section,
+)
+from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
+from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
+from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_config_from_actor
+from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
+from rlinf_search.workers.offload import OffloadConfig
+
+
+def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
+    symmetric = get_float(raw, "algorithm.ratio_clip_eps", None)
+    low = get_float(raw, "algorithm.clip_ratio_low", 0.2 if symmetric is None else symmetric)
+    high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
+    loss_agg = get(raw, "algorithm.loss_agg_func", "token-mean")
+    kl_type = get(raw, "algorithm.kl_penalty_type", "low_var_kl")
+    for path, value, registry in (("algorithm.loss_agg_func", loss_agg, LOSS_AGGREGATIONS),
+                                  ("algorithm.kl_penalty_type", kl_type, KL_ESTIMATORS)):
+        if value not in registry:
+            raise ConfigError(f"{path}: unknown {value!r}; choose one of {sorted(registry)}")
+    kl_beta = get_float(raw, "algorithm.kl_beta", 0.0)
+    if kl_beta < 0:
+        raise ConfigError("algorithm.kl_beta must be >= 0")
+    # The one key where null is not the default: RLinf writes clip_ratio_c: null to turn dual clip off.
+    dual_clip_off = "clip_ratio_c" in get(raw, "algorithm", {}) and get(raw, "algorithm.clip_ratio_c") is None
+    clip_c = None if dual_clip_off else get_float(raw, "algorithm.clip_ratio_c", 3.0)
+    if clip_c is not None and clip_c <= 1:
+        raise ConfigError(f"algorithm.clip_ratio_c must be > 1 (or null to turn dual clip off), got {clip_c}")
+    correction = get(raw, "algorithm.mismatch_correction")
+    if correction not in (None, "tis", "mask"):
+        raise ConfigError(f"algorithm.mismatch_correction must be null, tis or mask, got {correction!r}")
+    return PolicyLossConfig(
+        clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, loss_agg_func=loss_agg, kl_beta=kl_beta,
+        kl_penalty_type=kl_type, entropy_bonus=get_float(raw, "algorithm.entropy_bonus", 0.0),
+        temperature=temperature, mismatch_correction=correction, norm_constant=float(max_response_tokens))
+
+
+def _optim(raw: dict, section: str, *, total_steps: int, lr: float | None = None) -> OptimConfig:
+    """``<section>.optim`` and ``<section>.lr_sched`` over ``total_steps`` optimizer steps."""
+    settings = {**({} if lr is None else {"lr": lr}), **get_section(raw, f"{section}.optim"),
+                **get_section(raw, f"{section}.lr_sched")}
+    try:
+        return OptimConfig(total_steps=total_steps, **settings)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{section}.optim / {section}.lr_sched: {exc}") from None
+
+
+def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temperature: float,
+                 run_steps: int) -> ActorConfig:
+    """``actor`` and the ``algorithm`` keys of the policy update; the lr schedule spans ``run_steps`` steps
+    of ``ppo_epochs x n_minibatches`` optimizer steps each."""
+    backend = get(raw, "actor.training_backend", "fsdp")
+    megatron = _megatron(raw, backend, model_path)
+    ppo_epochs = get_int(raw, "algorithm.ppo_epochs", 1, minimum=1)
+    n_minibatches = get_int(raw, "algorithm.n_minibatches", 1, minimum=1)
+    return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
+                       optim=_optim(raw, "actor", total_steps=run_steps * ppo_epochs * n_minibatches),
+                       loss=_policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature),
+                       ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
+                       max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
+                       dtype=get_precision(raw, "actor.model.precision", "fp32"),
+                       seed=get_int(raw, "data.seed", 0), forward_micro_batch_size=forward_rows(raw),
+                       shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", True),
+                       offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", False),
+                                             grads=get_bool(raw, "actor.offload_grad", False),
+                                             optimizer=get_bool(raw, "actor.offload_optimizer", False)))
+
+
+def forward_rows(raw: dict) -> int | None:
+    """``algorithm.logprob_forward_micro_batch_size``: rows per forward-only pass; None packs by token budget."""
+    return get_int(raw, "algorithm.logprob_forward_micro_batch_size", None, minimum=1)
+
+
+def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name: str) -> CriticConfig | None:
+    """``critic`` when ``use_critic_model`` is true: it trains on the actor's batches, with its own optimizer."""
+    if not get_bool(raw, "critic.use_critic_model", False):
+        return None
+    value_clip = get_float(raw, "algorithm.value_clip", 0.5)
+    if value_clip <= 0:
+        raise ConfigError(f"algorithm.value_clip must be > 0, got {value_clip}")
+    warmup = get_int(raw, "critic.warmup_steps", 0)
+    if not 0 <= warmup < total_steps:
+        raise ConfigError(f"critic.warmup_steps must be in [0, {total_steps}) (the run's steps), got {warmup}: "
+                          "the actor trains only after it")
+    return CriticConfig(
+        model_path=get(raw, "critic.model.model_path", actor.model_path), value_clip=value_clip,
+        optim=_optim(raw, "critic", total_steps=actor.optim.total_steps, lr=CRITIC_LR),
+        loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
+        n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs,
+        dtype=get_precision(raw, "critic.model.precision", "fp32"), seed=actor.seed,
+        shuffle_rollout=actor.shuffle_rollout, warmup_steps=warmup, group_name=group_name)
+
+
+def _megatron(raw: dict, backend: str, model_path: str) -> MegatronConfig | None:
+    """``actor.megatron`` and the Megatron-only ``actor.model`` keys: read by that backend, an error elsewhere.
+
+    Only the config is checked here, so a GPU recipe validates on any machine; whether megatron-core
+    and GPUs are there is checked when the run starts (``require_training_backend``)."""
+    if backend not in TRAINING_BACKENDS:
+        raise ConfigError(f"actor.training_backend: unknown {backend!r}; choose one of {sorted(TRAINING_BACKENDS)}")
+    actor = get(raw, "actor", {})
+    if backend != "megatron":
+        named = [f"actor.model.{key}" for key in MEGATRON_MODEL_KEYS if key in (actor.get("model") or {})]
+        named += ["actor.megatron"] if "megatron" in actor else []
+        if named:
+            raise ConfigError(f"{named[0]}: read by actor.training_backend: megatron only, and this run uses {backend}")
+        return None
+    try:
+        return megatron_config_from_actor(actor, default_hf_model_path=model_path)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
