@@ -9,7 +9,8 @@ source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
 OUT="${DEMO_OUT:-outputs/demo}"
 RL_STEPS="${DEMO_RL_STEPS:-40}"
-SKILL_STEPS="${DEMO_SKILL_STEPS:-800}"   # warm start on good searches: querying and copying
+READING_STEPS="${DEMO_READING_STEPS:-300}"  # warm start, first: language modelling, passages included
+SKILL_STEPS="${DEMO_SKILL_STEPS:-600}"   # then good searches only (observations masked): querying, copying
 MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all
 EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
 SEED="${DEMO_SEED:-0}"
@@ -42,7 +43,7 @@ echo "serving at $ADDR (log: $OUT/server.log)"
 
 step "5/8 supervised warm start on scripted trajectories (good searches mixed with guesses and bad queries)"
 "$PY" -m toolkits.sft_warmstart --model "$OUT/model/base" --data "$OUT/data/train.prepared.jsonl" \
-    --server-addr "$ADDR" --out "$OUT/model/sft" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
+    --server-addr "$ADDR" --out "$OUT/model/sft" --reading-steps "$READING_STEPS" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
 
 step "6/8 held-out test EM of the warm-started model (greedy)"
 "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/sft" --data "$OUT/data/test.prepared.jsonl" \

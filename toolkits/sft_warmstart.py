@@ -46,6 +46,10 @@ class SFTStage:
     """The scripted trajectories of this phase."""
     steps: int
     """Optimizer steps in this phase."""
+    train_on_observations: bool = False
+    """Also train on observation tokens (the retrieved passages). Only for a first "reading" stage:
+    a real LM has read Wikipedia before it learns to search it, and passages that repeat each name
+    are where a tiny model learns to copy; the later stages mask observations, as RL does."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: 
     return list(await asyncio.gather(*(one(r, s) for r, s in zip(records, scripts))))
 
 
-def _batch(trajectories: list[Trajectory], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(trajectories: list[Trajectory], pad_id: int, *,
+           train_on_observations: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     sequences = [t.prompt_ids + t.response_ids for t in trajectories]
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -84,7 +89,7 @@ def _batch(trajectories: list[Trajectory], pad_id: int) -> tuple[torch.Tensor, t
     for row, (traj, seq) in enumerate(zip(trajectories, sequences)):
         ids[row, : len(seq)] = torch.tensor(seq)
         attention[row, : len(seq)] = 1
-        trained = torch.tensor(traj.response_mask, dtype=torch.bool)
+        trained = torch.tensor(traj.response_mask, dtype=torch.bool) | train_on_observations
         response = torch.tensor(traj.response_ids)
         labels[row, len(traj.prompt_ids): len(seq)] = torch.where(trained, response, torch.tensor(-100))
     return ids, attention, labels
@@ -104,7 +109,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig) -> li
     for stage in stages:
         for _ in (bar := tqdm(range(stage.steps), desc=f"sft {stage.name}", unit="step", dynamic_ncols=True)):
             batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
-            ids, attention, labels = _batch(batch, pad_id)
+            ids, attention, labels = _batch(batch, pad_id, train_on_observations=stage.train_on_observations)
             loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
             optimizer.zero_grad()
             loss.backward()
@@ -153,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mixed-behaviour trajectories per training question")
     parser.add_argument("--search-share", type=float, default=BehaviourMix.search)
     parser.add_argument("--bad-query-share", type=float, default=BehaviourMix.bad_query)
+    parser.add_argument("--reading-steps", type=int, default=300,
+                        help="first, steps of language modelling on good trajectories, passages included")
     parser.add_argument("--skill-steps", type=int, default=400,
                         help="steps on good searches only: querying and copying are the slow skills")
     parser.add_argument("--mix-steps", type=int, default=150,
@@ -186,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.server_addr} serving the synthetic corpus?", file=sys.stderr)
         return 1
     print(f"collected {len(good) + len(mixed)} scripted trajectories in {time.monotonic() - started:.1f} s")
-    stages = [SFTStage("skill", good, args.skill_steps), SFTStage("mix", mixed, args.mix_steps)]
+    stages = [SFTStage("reading", good, args.reading_steps, train_on_observations=True),
+              SFTStage("skill", good, args.skill_steps), SFTStage("mix", mixed, args.mix_steps)]
     config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     losses = warm_start(Path(args.model), Path(args.out), stages, config)
     (Path(args.out) / "sft_losses.json").write_text(json.dumps({"config": vars(args), "losses": losses}))
