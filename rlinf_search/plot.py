@@ -38,6 +38,18 @@ def read_series(path: Path) -> dict[str, list[tuple[int, float]]]:
     return {key: sorted(points.items()) for key, points in by_key.items()}
 
 
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` points: per-step RL metrics are means of a few dozen
+    sampled rollouts, and the trend is what a reader looks for."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def plot_series(series: dict[str, list[tuple[int, float]]], keys: list[str], out: Path, title: str) -> Path:
     import matplotlib
 
@@ -52,7 +64,11 @@ def plot_series(series: dict[str, list[tuple[int, float]]], keys: list[str], out
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         steps, values = zip(*series[key])
-        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3)
+        if len(steps) >= 20:  # noisy per-step series: faint raw values under a moving average
+            ax.plot(steps, values, alpha=0.3, linewidth=1)
+            ax.plot(steps, moving_average(list(values), max(3, len(steps) // 8)), linewidth=2, color="C0")
+        else:
+            ax.plot(steps, values, marker="o", markersize=3)
         ax.set_title(key, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_search.plot import main as plot_main
+from rlinf_search.plot import moving_average
 from rlinf_search.runners.checkpoint import (
     COMPLETE_MARK,
     HF_SUBDIR,
@@ -73,3 +74,12 @@ def test_metric_sinks_and_plot(tmp_path, capsys):
     assert plot_main([str(tmp_path / "missing")]) == 1
     with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
         MetricLogger(tmp_path, ["nope"])
+
+
+def test_long_series_are_drawn_with_a_moving_average(tmp_path):
+    assert moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    with open(tmp_path / "metrics.jsonl", "w") as handle:
+        for step in range(1, 41):  # a noisy rising reward, as the demo logs it
+            handle.write(json.dumps({"step": step, "reward/mean": step / 40 + (0.2 if step % 2 else -0.2)}) + "\n")
+    assert plot_main([str(tmp_path), "--keys", "reward/mean"]) == 0
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
