@@ -11,6 +11,7 @@ REPO="$(cd "$EXAMPLE_DIR/../.." && pwd)"
 CONFIG_NAME="${1:-qwen2.5-3b-tool-fsdp-1node}"
 shift $(( $# > 0 ? 1 : 0 ))
 PYTHON="${PYTHON:-python}"
+ENTRY="${ENTRY:-main_searchr1.py}"  # run_main_searchr1_single_eval.sh sets main_searchr1_eval.py
 
 # Ray workers import rlinf_search by module name: the checkout must be on their path too.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
@@ -21,4 +22,4 @@ LOG_DIR="${LOG_DIR:-$REPO/logs}"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/$(date +%Y%m%d-%H%M%S)-$CONFIG_NAME.log"
 echo "config $CONFIG_NAME, log $LOG"
-"$PYTHON" "$EXAMPLE_DIR/main_searchr1.py" --config-name "$CONFIG_NAME" "$@" 2>&1 | tee "$LOG"
+"$PYTHON" "$EXAMPLE_DIR/$ENTRY" --config-name "$CONFIG_NAME" "$@" 2>&1 | tee "$LOG"

@@ -8,6 +8,8 @@ right-padded to its longest response ``T``; ``input_ids`` is ``[B, P + T]``. The
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 import torch
@@ -138,3 +140,18 @@ def split_evenly(rows: list[int], parts: int) -> list[list[int]]:
     """``rows`` cut into ``parts`` consecutive chunks of near-equal size (mini-batches)."""
     size = math.ceil(len(rows) / parts)
     return [rows[i: i + size] for i in range(0, len(rows), size)]
+
+
+def run_minibatches(batch: RolloutBatch, step: Callable[[RolloutBatch], dict[str, float]], *, epochs: int,
+                    n_minibatches: int, rng: random.Random | None) -> dict[str, float]:
+    """``epochs`` passes of ``step`` over ``n_minibatches`` mini-batches of ``batch`` (rows reshuffled each
+    epoch by ``rng``; None keeps rollout order); returns each metric's mean over all steps. The actor and
+    the critic update through this, so both see the same mini-batches."""
+    history: list[dict[str, float]] = []
+    for _ in range(epochs):
+        rows = list(range(len(batch)))
+        if rng is not None:
+            rng.shuffle(rows)
+        for minibatch_rows in split_evenly(rows, n_minibatches):
+            history.append(step(batch.select(sorted(minibatch_rows))))
+    return {key: sum(h[key] for h in history) / len(history) for key in history[0]}

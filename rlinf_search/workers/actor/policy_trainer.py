@@ -23,7 +23,7 @@ from rlinf_search.algorithms import (
     ppo_policy_loss,
     truncated_is_weights,
 )
-from rlinf_search.data.batch import RolloutBatch, split_by_token_budget, split_evenly
+from rlinf_search.data.batch import RolloutBatch, run_minibatches, split_by_token_budget
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.logprobs import batched_response_logprobs, forward_groups, response_logprobs
 
@@ -118,14 +118,9 @@ class PolicyTrainer:
             raise ValueError("train_on_batch needs batch.advantages and batch.old_logprobs")
         if self.config.loss.kl_beta > 0 and batch.ref_logprobs is None:
             raise ValueError("kl_beta > 0 needs batch.ref_logprobs")
-        history: list[dict[str, float]] = []
-        for _ in range(self.config.ppo_epochs):
-            rows = list(range(len(batch)))
-            if self.config.shuffle_rollout:
-                self._rng.shuffle(rows)
-            for minibatch_rows in split_evenly(rows, self.config.n_minibatches):
-                history.append(self._optimizer_step(batch.select(sorted(minibatch_rows))))
-        return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
+        return run_minibatches(batch, self._optimizer_step, epochs=self.config.ppo_epochs,
+                               n_minibatches=self.config.n_minibatches,
+                               rng=self._rng if self.config.shuffle_rollout else None)
 
     def _optimizer_step(self, minibatch: RolloutBatch) -> dict[str, float]:
         reduce = {"group": self.dp_group, "device": self.device}

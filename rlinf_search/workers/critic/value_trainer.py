@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, masked_mean
-from rlinf_search.data.batch import RolloutBatch, split_by_token_budget, split_evenly
+from rlinf_search.data.batch import RolloutBatch, run_minibatches, split_by_token_budget
 from rlinf_search.runners.checkpoint import HF_SUBDIR, TRAINING_STATE
 from rlinf_search.workers.actor.policy_trainer import _all_reduce_sum, _world, lr_lambda
 from rlinf_search.workers.critic.config import CriticConfig
@@ -91,14 +91,9 @@ class ValueTrainer:
         """Epochs x mini-batches of the clipped value loss; needs ``batch.values`` (rollout-time) and ``returns``."""
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic update needs batch.values (at rollout time) and batch.returns (from GAE)")
-        history: list[dict[str, float]] = []
-        for _ in range(self.config.ppo_epochs):
-            rows = list(range(len(batch)))
-            if self.config.shuffle_rollout:
-                self._rng.shuffle(rows)
-            for minibatch_rows in split_evenly(rows, self.config.n_minibatches):
-                history.append(self._optimizer_step(batch.select(sorted(minibatch_rows))))
-        return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
+        return run_minibatches(batch, self._optimizer_step, epochs=self.config.ppo_epochs,
+                               n_minibatches=self.config.n_minibatches,
+                               rng=self._rng if self.config.shuffle_rollout else None)
 
     def _optimizer_step(self, minibatch: RolloutBatch) -> dict[str, float]:
         tokens = _all_reduce_sum(float(minibatch.response_mask.sum()), device=self.device)
