@@ -32,6 +32,7 @@ from rlinf_search.config_schema import (
 from rlinf_search.config_update import actor_config, critic_config, forward_rows
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prepare import count_records
+from rlinf_search.data.prompt_tokens import TRUNCATIONS, PromptLimit
 from rlinf_search.rewards import REWARDS
 from rlinf_search.runners.metric_logger import check_backends
 from rlinf_search.scheduler.config import ClusterConfig
@@ -135,6 +136,8 @@ class RunConfig:
     """Shuffle the training prompts each epoch."""
     seed: int
     """Data order and engine sampling seed."""
+    prompt_limit: PromptLimit
+    """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
     reward_score: str
     """Reward name (``em``, ``subem``, ``f1``, ``format_em``)."""
     reward_scale: float
@@ -203,7 +206,21 @@ def _rollout(raw: dict, sampling: SamplingParams, *, recompute: bool) -> Rollout
         raise ConfigError(str(exc)) from None
 
 
-def _agent_loop(raw: dict, sampling: SamplingParams, *, max_response: int,
+def prompt_limit(raw: dict, *, seq_length: int) -> PromptLimit:
+    """``data.max_prompt_length`` (below ``runner.seq_length``), ``data.filter_overlong_prompts`` and
+    ``data.truncation``: verl's keys, with the same meaning."""
+    max_prompt = get_int(raw, "data.max_prompt_length", 1024, minimum=1)
+    if max_prompt >= seq_length:
+        raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
+    truncation = get(raw, "data.truncation", "error")
+    if truncation not in TRUNCATIONS:
+        raise ConfigError(f"data.truncation: unknown {truncation!r}; choose one of {', '.join(TRUNCATIONS)}")
+    return PromptLimit(max_prompt_tokens=max_prompt, truncation=truncation,
+                       filter_overlong=get_bool(raw, "data.filter_overlong_prompts", False),
+                       apply_chat_template=get_bool(raw, "data.apply_chat_template", True))
+
+
+def _agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit, seq_length: int,
                 retokenize: bool) -> tuple[SearchToolConfig, AgentLoopConfig]:
     """``tools.search`` and ``agentloop`` (with the sampling, the token budgets every turn uses, and
     ``data.apply_chat_template``, which decides how the prompt is tokenized)."""
@@ -219,8 +236,9 @@ def _agent_loop(raw: dict, sampling: SamplingParams, *, max_response: int,
             max_turns=get_int(raw, "agentloop.max_turns", 2, minimum=0), max_tokens_per_turn=sampling.max_new_tokens,
             max_obs_tokens=get_int(raw, "agentloop.max_tool_response_length", 500, minimum=1),
             max_passage_tokens=get_int(raw, "agentloop.max_passage_tokens", 150, minimum=1),
-            max_response_tokens=max_response, topk=search.topk, retokenize=retokenize,
-            apply_chat_template=get_bool(raw, "data.apply_chat_template", True), sampling=sampling)
+            max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk, retokenize=retokenize,
+            apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
+            truncation=limit.truncation, sampling=sampling)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -345,9 +363,8 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     apply_deprecations(raw)
     check_keys(raw, SCHEMA, "")
     runner = _runner(raw)
-    max_prompt = get_int(raw, "data.max_prompt_length", 1024, minimum=1)
-    if max_prompt >= runner.seq_length:
-        raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({runner.seq_length})")
+    limit = prompt_limit(raw, seq_length=runner.seq_length)
+    max_prompt = limit.max_prompt_tokens
     model_path = get(raw, "rollout.model.model_path")
     if not model_path:
         raise ConfigError("rollout.model.model_path is required")
@@ -361,7 +378,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     groups = _group_names(raw)
     sampling = _sampling(raw)
     rollout = _rollout(raw, sampling, recompute=recompute)
-    search, agent_loop = _agent_loop(raw, sampling, max_response=runner.seq_length - max_prompt, retokenize=retokenize)
+    search, agent_loop = _agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length, retokenize=retokenize)
     cluster, placement = _cluster(raw, rollout.backend)
     require_placed(placement, TRAINING_COMPONENTS, run="a training run")
     train_paths = tuple(get(raw, "data.train_data_paths", ()))
@@ -378,7 +395,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", True),
         inference=_inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta,
                              group_name=groups["inference"]),
-        seed=get_int(raw, "data.seed", 0), reward_score=score, reward_scale=scale, actor_group=groups["actor"],
+        seed=get_int(raw, "data.seed", 0), prompt_limit=limit, reward_score=score, reward_scale=scale, actor_group=groups["actor"],
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", True),
         gamma=get_float(raw, "algorithm.gamma", 1.0), lam=get_float(raw, "algorithm.lam", 1.0),

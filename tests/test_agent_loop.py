@@ -88,9 +88,10 @@ def test_turn_limit_then_one_generation_without_search(tokenizer, inprocess_tool
                              AgentLoopConfig(max_turns=2))
     traj = asyncio.run(loop.run(_records(1)[0]))
     stops = [sampling.stop for _, sampling in engine.calls]
-    assert stops == [("</search>", "</answer>"), ("</search>", "</answer>"), ("</answer>",)]
+    assert stops == [("</search>", "</answer>")] * 3, "the last turn stops at </search> too"
     assert traj.num_searches == 1 and traj.finish_reason == "max_turns" and traj.num_turns == 3
     assert INVALID_ACTION_OBSERVATION in traj.response_text, "a turn without an action gets the correction"
+    assert [span.kind for span in traj.spans] == ["model", "information", "model", "correction", "model"]
 
 
 def test_observation_and_response_limits(tokenizer, inprocess_tool_config):

@@ -14,7 +14,7 @@ from tests.conftest import HOTPOT_DIR
 
 def _traj(uid: str, text: str, searches: int) -> Trajectory:
     return Trajectory(uid=uid, prompt_ids=[1], response_ids=[2], response_mask=[1], rollout_logprobs=[0.0],
-                      num_searches=searches, response_text=text)
+                      num_searches=searches, response_text=text, graded_text=text)
 
 
 def test_scores_per_source_and_overall():

@@ -105,29 +105,32 @@ def test_answer_in_prompt_is_not_graded():
 
 
 def test_only_the_last_answer_in_the_response_counts():
-    response = "<answer>Beijing</answer> wait <answer>Shanghai</answer>"
-    assert em(response, ["Shanghai"], answer_tags_penalty=0.0) == 1.0
-    assert em(response, ["Beijing"], answer_tags_penalty=0.0) == 0.0
+    """The reference grades the last complete answer; by default several answers cost nothing."""
+    response = "<answer>London</answer> wait <answer>Paris</answer>"
+    assert em(response, ["Paris"]) == 1.0
+    assert em(response, ["London"]) == 0.0
+    assert compute_score("subem", response, ["Paris"]) == compute_score("f1", response, ["Paris"]) == 1.0
 
 
 def test_nested_and_unclosed_answer_tags():
     nested = "<answer><answer>Paris</answer></answer>"
     assert last_answer(nested) == "Paris"
-    assert em(nested, ["Paris"]) == 0.0  # two answer tags: the default penalty zeroes it
-    assert em(nested, ["Paris"], answer_tags_penalty=0.0) == 1.0
+    assert em(nested, ["Paris"]) == 1.0
+    assert em(nested, ["Paris"], answer_tags_penalty=1.0) == 0.0  # two answer tags: the optional penalty
     assert not check_structure(nested).valid
     assert last_answer("<answer> Paris") is None
     assert em("<think>x</think><answer> Paris", ["Paris"]) == 0.0
 
 
-def test_many_answer_tags_penalty():
+def test_many_answer_tags_penalty_is_an_option():
     response = "<answer>Lyon</answer><answer>Paris</answer>"
-    assert em(response, ["Paris"]) == 0.0
+    assert em(response, ["Paris"]) == 1.0
+    assert em(response, ["Paris"], answer_tags_penalty=1.0) == 0.0
     assert em(response, ["Paris"], answer_tags_penalty=0.25) == 0.75
     assert em(response, ["Paris"], max_answer_tags=2) == 1.0
     assert em(response, ["Lyon"], answer_tags_penalty=0.25) == 0.0  # floored at 0
     # An unclosed extra tag counts too: the model went on writing after its answer.
-    assert em("<answer>Paris</answer> <answer>", ["Paris"]) == 0.0
+    assert em("<answer>Paris</answer> <answer>", ["Paris"], answer_tags_penalty=1.0) == 0.0
     f1 = compute_score("f1", "<answer>x</answer><answer>the Eiffel Tower in Paris</answer>", ["Eiffel Tower"],
                        answer_tags_penalty=0.5)
     assert f1 == pytest.approx(2 / 3 - 0.5)

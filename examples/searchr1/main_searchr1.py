@@ -21,11 +21,10 @@ register_resolvers()
 def main(cfg: DictConfig) -> None:
     try:
         config = validate_cfg(cfg)
-    except ConfigError as exc:
+        train(config)
+    except ConfigError as exc:  # raised before any worker starts (the prompt limit is checked in train)
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
-    try:
-        train(config)
     except BackendUnavailable as exc:  # the config is sound; this machine cannot run it
         print(f"cannot start: {exc}", file=sys.stderr)
         sys.exit(2)

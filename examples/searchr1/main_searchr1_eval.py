@@ -22,10 +22,10 @@ register_resolvers()
 def main(cfg: DictConfig) -> None:
     try:
         config = validate_eval_cfg(cfg)
-    except ConfigError as exc:
+        report, path = run_eval(config)
+    except ConfigError as exc:  # raised before any worker starts (the prompt limit is checked in run_eval)
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
-    report, path = run_eval(config)
     print(format_table(report))
     print(f"wrote {path}")
 

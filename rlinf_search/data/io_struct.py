@@ -65,6 +65,22 @@ class GenerationOutput:
     """Which stop string ended the generation, when ``finish_reason == "stop"``."""
 
 
+SPAN_KINDS = ("model", "information", "correction")
+
+
+@dataclass(frozen=True)
+class ResponseSpan:
+    """A run of response tokens with one origin: ``response_ids[start:end]``."""
+
+    kind: str
+    """``model`` (the policy wrote it; mask 1), ``information`` (a search result) or ``correction``
+    (the note after a turn with no valid action); the last two are observations, mask 0."""
+    start: int
+    """First token's index in ``response_ids``."""
+    end: int
+    """One past the last token's index."""
+
+
 @dataclass
 class Trajectory:
     """One multi-turn rollout of one prompt: what the trainer learns from.
@@ -100,8 +116,13 @@ class Trajectory:
     """Copied from the prompt's record, for per-source metrics."""
     golden_answers: list[str] = field(default_factory=list)
     """Copied from the prompt's record, for the reward."""
+    spans: list[ResponseSpan] = field(default_factory=list)
+    """The response cut into model and observation spans, in order; together they cover ``response_ids``."""
     response_text: str = ""
     """``response_ids`` decoded: the full response, observations included."""
+    graded_text: str = ""
+    """What rewards read: the model's spans as written, observations with every protocol tag taken out
+    (search results keep their ``<information>`` wrapper), so only the model's tags can be an answer."""
     generation_time_s: float = 0.0
     """Wall time spent waiting for the engine."""
     tool_time_s: float = 0.0

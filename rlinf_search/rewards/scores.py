@@ -1,8 +1,10 @@
 """The built-in rewards: ``em``, ``subem``, ``f1`` and the format-aware ``format_em``.
 
-Every reward takes the model's RESPONSE text (everything after the prompt, observations included),
-never the prompt: a prompt's example ``<answer> Beijing </answer>`` must not be graded. The answer
-graded is the last complete ``<answer>...</answer>``. Rewards never raise on odd input: a None or
+Every reward takes the model's RESPONSE text, never the prompt: a prompt's example
+``<answer> Beijing </answer>`` must not be graded. The agent loop hands over ``Trajectory.graded_text``:
+the model's own spans, with every protocol tag taken out of the observations between them, so only
+what the model wrote can be an answer. The answer graded is the last complete ``<answer>...</answer>``
+(as Search-R1's reference does); extra answer tags cost nothing unless ``answer_tags_penalty`` is set. Rewards never raise on odd input: a None or
 non-text response, no answer, an empty answer, or no usable gold answer all score 0.
 """
 
@@ -46,28 +48,29 @@ def _answer_score(metric: Metric, solution_str: Any, golden_answers: Any, *,
 
 
 def em_reward(solution_str: Any, golden_answers: Any, *, max_answer_tags: int = 1,
-              answer_tags_penalty: float = 1.0) -> float:
+              answer_tags_penalty: float = 0.0) -> float:
     """Exact match of the last answer with any gold answer, after normalisation.
 
     Args:
-        max_answer_tags: how many ``<answer>`` tags a response may hold. The agent loop stops at
-            ``</answer>``, so a second tag means the model hedged or wrote past its answer.
-        answer_tags_penalty: taken off the score (floored at 0) past ``max_answer_tags``. The
-            default 1.0 zeroes such responses; 0.0 grades only the last answer, like Search-R1.
+        max_answer_tags: how many ``<answer>`` tags a response may hold before the penalty applies.
+            The agent loop stops at ``</answer>``, so a second tag means the model hedged inside one
+            turn (``<answer>London</answer> wait <answer>Paris</answer>`` from an engine without stops).
+        answer_tags_penalty: taken off the score (floored at 0) past ``max_answer_tags``. The default
+            0.0 grades the last complete answer, like Search-R1; 1.0 zeroes hedged responses.
     """
     return _answer_score(exact_match, solution_str, golden_answers, max_answer_tags=max_answer_tags,
                          answer_tags_penalty=answer_tags_penalty)
 
 
 def subem_reward(solution_str: Any, golden_answers: Any, *, max_answer_tags: int = 1,
-                 answer_tags_penalty: float = 1.0) -> float:
+                 answer_tags_penalty: float = 0.0) -> float:
     """1.0 if a normalised gold answer is a substring of the normalised last answer (see ``em``)."""
     return _answer_score(substring_match, solution_str, golden_answers, max_answer_tags=max_answer_tags,
                          answer_tags_penalty=answer_tags_penalty)
 
 
 def f1_reward(solution_str: Any, golden_answers: Any, *, max_answer_tags: int = 1,
-              answer_tags_penalty: float = 1.0) -> float:
+              answer_tags_penalty: float = 0.0) -> float:
     """Best SQuAD token F1 of the last answer against any gold answer (see ``em`` for the kwargs)."""
     return _answer_score(token_f1, solution_str, golden_answers, max_answer_tags=max_answer_tags,
                          answer_tags_penalty=answer_tags_penalty)

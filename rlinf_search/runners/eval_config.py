@@ -20,6 +20,7 @@ from rlinf_search.config import (
     _cluster,
     _rollout,
     _sampling,
+    prompt_limit,
     register_resolvers,
     require_placed,
 )
@@ -33,6 +34,7 @@ from rlinf_search.config_schema import (
     get_float,
     get_int,
 )
+from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement
@@ -47,7 +49,8 @@ EVAL_SCHEMA = {
     "agentloop": SCHEMA["agentloop"],
     "tools": SCHEMA["tools"],
     "rollout": SCHEMA["rollout"],
-    "data": {"max_prompt_length": None, "apply_chat_template": None, "seed": None, "val_data_paths": None},
+    "data": {"max_prompt_length": None, "filter_overlong_prompts": None, "truncation": None,
+             "apply_chat_template": None, "seed": None, "val_data_paths": None},
     "reward": {"group_name": None, "score": None, "reward_scale": None},
 }
 
@@ -79,6 +82,8 @@ class EvalConfig:
     """``algorithm.group_size``: rollouts per question (1 for greedy)."""
     seed: int
     """``data.seed``: each rollout rank's sampling seed is seed + rank."""
+    prompt_limit: PromptLimit
+    """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
     reward_group: str
     """``reward.group_name``: the name the RewardGroup is launched under."""
     reward_score: str
@@ -97,14 +102,12 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     if not output_dir:
         raise ConfigError("runner.output_dir is required")
     seq_length = get_int(raw, "runner.seq_length", 4096, minimum=2)
-    max_prompt = get_int(raw, "data.max_prompt_length", 1024, minimum=1)
-    if max_prompt >= seq_length:
-        raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
+    limit = prompt_limit(raw, seq_length=seq_length)
     samples = get_int(raw, "algorithm.group_size", 1, minimum=1)
     sampling = _sampling(raw)
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
     rollout = _rollout(raw, sampling, recompute=True)
-    search, agent_loop = _agent_loop(raw, sampling, max_response=seq_length - max_prompt,
+    search, agent_loop = _agent_loop(raw, sampling, limit=limit, seq_length=seq_length,
                                      retokenize=get_bool(raw, "agentloop.retokenize", False))
     cluster, placement = _cluster(raw, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
@@ -117,6 +120,6 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
         cluster=cluster, placement=placement, output_dir=str(Path(output_dir)),
         experiment_name=str(get(raw, "runner.experiment_name", "eval")), rollout=rollout,
         rollout_group=str(get(raw, "rollout.group_name", "RolloutGroup")), agent_loop=agent_loop, search=search,
-        val_data_paths=val_paths, samples_per_prompt=samples, seed=get_int(raw, "data.seed", 0),
+        val_data_paths=val_paths, samples_per_prompt=samples, seed=get_int(raw, "data.seed", 0), prompt_limit=limit,
         reward_group=str(get(raw, "reward.group_name", "RewardGroup")), reward_score=score,
         reward_scale=get_float(raw, "reward.reward_scale", 1.0))

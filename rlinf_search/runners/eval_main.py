@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlinf_search.data.prepare import load_records
+from rlinf_search.config_schema import ConfigError
+from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.runners.eval_config import EvalConfig
 from rlinf_search.runners.eval_runner import EvalReport, score_trajectories, write_report
+from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
 from rlinf_search.runners.train_runner import shard
 from rlinf_search.scheduler import Cluster, wait_all
 from rlinf_search.workers.reward.worker import RewardWorker
@@ -20,7 +22,12 @@ from rlinf_search.workers.rollout.worker import RolloutWorker
 
 def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
     """Roll out, score and write the report; returns it and the path of eval_results.json."""
-    records = [record for path in config.val_data_paths for record in load_records(path)]
+    try:
+        tokenizer = rollout_tokenizer(config.rollout.model_path)
+        records = load_prompt_set(config.val_data_paths, tokenizer, config.prompt_limit,
+                                  split="data.val_data_paths").records
+    except PromptTooLong as exc:  # before any worker starts
+        raise ConfigError(str(exc)) from None
     greedy = config.agent_loop.sampling.greedy
     with Cluster(config.cluster) as cluster:
         rollout = RolloutWorker.create_group(config).launch(cluster, cluster.placement["rollout"],

@@ -45,11 +45,11 @@ def score_trajectories(records: list[QARecord], trajectories: list[Trajectory],
     given: one per trajectory), and aggregate per data source."""
     rows = []
     for i, (record, traj) in enumerate(zip(records, trajectories)):
-        scores = {name: compute_score(name, traj.response_text, record.golden_answers) for name in EVAL_SCORES}
+        scores = {name: compute_score(name, traj.graded_text, record.golden_answers) for name in EVAL_SCORES}
         if rewards is not None:
             scores["reward"] = rewards[i]
         rows.append({"uid": record.uid, "data_source": record.data_source, "question": record.question,
-                     "golden_answers": record.golden_answers, "answer": last_answer(traj.response_text),
+                     "golden_answers": record.golden_answers, "answer": last_answer(traj.graded_text),
                      "response": traj.response_text, "num_searches": traj.num_searches,
                      "finish_reason": traj.finish_reason, **scores})
 

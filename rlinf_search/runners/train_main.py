@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlinf_search.config import RunConfig
+from rlinf_search.config import ConfigError, RunConfig
+from rlinf_search.data.prompt_tokens import PromptTooLong
+from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.train_runner import Groups, SearchR1Runner, find_resume_point
 from rlinf_search.scheduler import Cluster
 from rlinf_search.workers.actor.backends import require_training_backend
@@ -38,11 +40,22 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
     return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference)
 
 
+def read_prompts(config: RunConfig) -> RunPrompts:
+    """The run's prompts held to ``data.max_prompt_length``; an overlong one is a ``ConfigError`` (its uid
+    named) before any worker starts, unless the config drops or truncates such prompts."""
+    try:
+        return load_run_prompts(train_paths=config.train_data_paths, val_paths=config.val_data_paths,
+                                model_path=config.rollout.model_path, limit=config.prompt_limit)
+    except PromptTooLong as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def train(config: RunConfig) -> None:
     resume = find_resume_point(config)
+    prompts = read_prompts(config)
     with Cluster(config.cluster) as cluster:
         groups = launch_groups(config, cluster, resume)
-        runner = SearchR1Runner(config, groups, resumed_from=resume)
+        runner = SearchR1Runner(config, groups, resumed_from=resume, prompts=prompts)
         if resume:
             # The engine (and the InferenceGroup's policy copy) start from the checkpoint's weights.
             runner.weight_sync.sync(version=runner.state.global_step)

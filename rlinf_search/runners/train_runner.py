@@ -25,7 +25,6 @@ from rlinf_search.algorithms import compute_advantages
 from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch, collate_trajectories
 from rlinf_search.data.io_struct import QARecord, Trajectory
-from rlinf_search.data.prepare import load_records
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.runners.checkpoint import (
     CRITIC_SUBDIR,
@@ -39,6 +38,7 @@ from rlinf_search.runners.checkpoint import (
     stage_pending_rollout,
 )
 from rlinf_search.runners.metric_logger import MetricLogger
+from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.scheduler import WeightSync, WorkerGroup, wait_all
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
 
@@ -108,12 +108,20 @@ def call_each(group: WorkerGroup, method: str, per_rank_args: list[tuple]) -> li
 class SearchR1Runner:
     """Drives the groups step by step; checkpoints and resumes."""
 
-    def __init__(self, config: RunConfig, groups: Groups, *, resumed_from: Path | None = None):
+    def __init__(self, config: RunConfig, groups: Groups, *, resumed_from: Path | None = None,
+                 prompts: RunPrompts | None = None):
+        """``prompts``: the run's prompts as ``load_run_prompts`` returns them (read here when None)."""
         self.config, self.groups = config, groups
         self.ckpt_dir = Path(config.runner.output_dir) / "checkpoints"
-        records = [r for path in config.train_data_paths for r in load_records(path)]
-        self.stream = PromptStream(records, config.rollout_batch_size, shuffle=config.shuffle, seed=config.seed)
-        self.val_records = [r for path in config.val_data_paths for r in load_records(path)]
+        if prompts is None:
+            prompts = load_run_prompts(train_paths=config.train_data_paths, val_paths=config.val_data_paths,
+                                       model_path=config.rollout.model_path, limit=config.prompt_limit)
+        self.stream = PromptStream(prompts.train.records, config.rollout_batch_size, shuffle=config.shuffle,
+                                   seed=config.seed)
+        self.val_records = prompts.val.records
+        # Prompts dropped as overlong shorten an epoch; the run ends with its last epoch, as validate_cfg
+        # planned from the prompt count before the drop.
+        self.total_steps = min(config.total_steps, config.runner.max_epochs * self.stream.batches_per_epoch)
         self.state = RunnerState()
         self.pipelined = config.placement.mode == "disaggregated"
         self._prefetched: PendingRollout | None = None
@@ -350,7 +358,7 @@ class SearchR1Runner:
 
     def fit(self) -> None:
         runner = self.config.runner
-        total = self.config.total_steps  # min(max_steps, max_epochs x batches per epoch), as the lr schedule
+        total = self.total_steps  # min(max_steps, max_epochs x batches per epoch)
         with tqdm(total=total, initial=self.state.global_step, desc="train", unit="step", dynamic_ncols=True) as bar:
             while self.state.global_step < total:
                 metrics = self.train_step(prefetch=self.state.global_step + 1 < total)

@@ -3,8 +3,10 @@
 Each turn generates until ``</search>``, ``</answer>`` or an end token. A search calls the tool and
 appends the ``<information>`` observation; an answer ends the rollout; anything else gets a short
 corrective observation. ``max_turns`` bounds the tool turns (searches and corrections, as the
-reference counts them); after that, one last generation without search. Observation tokens are
-appended with ``response_mask`` 0, so they are never trained on.
+reference counts them); after that, one last generation without search: it still stops at
+``</search>``, and a search there ends the trajectory (``max_turns``) with no answer. Observation
+tokens are appended with ``response_mask`` 0, so they are never trained on, and no observation text
+carries a protocol tag, so none can be read as an action; rewards read ``Trajectory.graded_text``.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from dataclasses import dataclass, field, replace
 
 from rlinf_search.agents.searchr1.protocol import (
     INVALID_ACTION_OBSERVATION,
+    STOPS,
     Action,
-    STOPS_WITH_SEARCH,
-    STOPS_WITHOUT_SEARCH,
     cut_after_first_stop,
     parse_action,
+    strip_protocol_tags,
 )
-from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
-from rlinf_search.tools.search.base import SearchTool
+from rlinf_search.data.io_struct import QARecord, ResponseSpan, SamplingParams, Trajectory
+from rlinf_search.data.prompt_tokens import PromptTokenizer
+from rlinf_search.tools.search.base import SearchOutcome, SearchTool
 from rlinf_search.tools.search.observation import format_observation
 from rlinf_search.workers.rollout.base import GenerationEngine
 from rlinf_search.workers.rollout.sampling import derive_seed
@@ -57,6 +60,11 @@ class AgentLoopConfig:
     """Sampling for every turn (``max_new_tokens`` and ``stop`` are set per turn by the loop)."""
     max_concurrent_trajectories: int = 256
     """Trajectories in flight at once in ``run_batch``."""
+    max_prompt_tokens: int | None = None
+    """``data.max_prompt_length``: longer prompts are refused or cut as ``truncation`` says; None: no limit."""
+    truncation: str = "error"
+    """``data.truncation``: ``error`` (refuse an overlong prompt, naming its uid), ``left`` (keep its end)
+    or ``right`` (keep its start)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_per_turn", "max_obs_tokens", "max_passage_tokens", "max_response_tokens",
@@ -65,6 +73,9 @@ class AgentLoopConfig:
                 raise ValueError(f"agent loop: {name} must be >= 1, got {getattr(self, name)}")
         if self.max_turns < 0:
             raise ValueError(f"agent loop: max_turns must be >= 0, got {self.max_turns}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"agent loop: max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        PromptTokenizer.check_truncation(self.truncation)
 
 
 def _finish_reason(action_kind: str, engine_finish: str, search_allowed: bool) -> str | None:
@@ -74,7 +85,7 @@ def _finish_reason(action_kind: str, engine_finish: str, search_allowed: bool) -
     if engine_finish == "eos":
         return "eos"
     if not search_allowed:
-        return "max_turns"  # the last generation, without search, gave no answer
+        return "max_turns"  # the last generation gave no answer (a search there is not run)
     return None
 
 
@@ -105,18 +116,15 @@ class SearchR1AgentLoop:
     def __init__(self, engine: GenerationEngine, tool: SearchTool, tokenizer, config: AgentLoopConfig):
         self.engine, self.tool, self.tokenizer, self.config = engine, tool, tokenizer, config
         self._information_tail_ids = self._encode(_INFORMATION_TAIL)
+        self.prompts = PromptTokenizer(tokenizer, apply_chat_template=config.apply_chat_template,
+                                       max_prompt_tokens=config.max_prompt_tokens, truncation=config.truncation)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, record: QARecord) -> list[int]:
-        """Template the prompt: chat messages through the tokenizer's chat template, text as is."""
-        if isinstance(record.prompt, str):
-            return self._encode(record.prompt)
-        if not self.config.apply_chat_template:
-            return self._encode("\n\n".join(message["content"] for message in record.prompt))
-        encoded = self.tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True)
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        """The prompt's ids (templated, then held to ``max_prompt_tokens`` as ``truncation`` says)."""
+        return self.prompts.limited_ids(record)
 
     async def run_batch(self, records: list[QARecord], samples_per_prompt: int = 1, *,
                         seed: int | None = None) -> list[Trajectory]:
@@ -162,8 +170,24 @@ class SearchR1AgentLoop:
     def _finish(self, rollout: _Rollout) -> Trajectory:
         traj = rollout.traj
         traj.response_text = self.tokenizer.decode(traj.response_ids)
+        traj.graded_text = self._graded_text(traj)
         traj.total_time_s = time.perf_counter() - rollout.started
         return traj
+
+    def _graded_text(self, traj: Trajectory) -> str:
+        """The response as rewards read it: the model's spans as it wrote them; each observation with any
+        protocol tag taken out of its text (a search result keeps its ``<information>`` wrapper, which the
+        format check reads), so only the model's own tags can count as an action or an answer."""
+        parts = []
+        for span in traj.spans:
+            text = self.tokenizer.decode(traj.response_ids[span.start: span.end])
+            if span.kind == "model":
+                parts.append(text)
+            elif span.kind == "information":
+                parts.append(f"\n\n<information>{strip_protocol_tags(text).strip()}</information>\n\n")
+            else:
+                parts.append(strip_protocol_tags(text))
+        return "".join(parts)
 
     async def _generate_step(self, rollout: _Rollout) -> None:
         """Generate one turn; mark the rollout done or leave the action for ``_observe_step``."""
@@ -174,8 +198,8 @@ class SearchR1AgentLoop:
             return
         search_allowed = rollout.tool_turns < self.config.max_turns
         seed = None if rollout.seed is None else derive_seed(rollout.seed, traj.num_turns)
-        turn = await self._generate_turn(traj, budget, search_allowed, seed)
-        self._append(traj, turn.ids, turn.logprobs, trained=True)
+        turn = await self._generate_turn(traj, budget, seed)
+        self._append(traj, turn.ids, turn.logprobs, kind="model")
         traj.drifted = traj.drifted or turn.drifted
         rollout.action = parse_action(turn.text)
         finish = _finish_reason(rollout.action.kind, turn.finish_reason, search_allowed)
@@ -186,19 +210,19 @@ class SearchR1AgentLoop:
         """Run the pending action's tool call (or the correction) and append the observation."""
         rollout.tool_turns += 1
         observation = await self._observe(rollout.traj, rollout.action)
-        self._append_observation(rollout.traj, observation)
+        kind = "information" if rollout.action.kind == "search" else "correction"
+        self._append_observation(rollout.traj, observation, kind=kind)
 
-    async def _generate_turn(self, traj: Trajectory, budget: int, search_allowed: bool, seed: int | None) -> _Turn:
-        stops = STOPS_WITH_SEARCH if search_allowed else STOPS_WITHOUT_SEARCH
+    async def _generate_turn(self, traj: Trajectory, budget: int, seed: int | None) -> _Turn:
         sampling = replace(self.config.sampling, max_new_tokens=min(self.config.max_tokens_per_turn, budget),
-                           stop=stops, seed=seed)
+                           stop=STOPS, seed=seed)
         started = time.perf_counter()
         out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sampling)
         traj.generation_time_s += time.perf_counter() - started
         traj.num_turns += 1
         text = self.tokenizer.decode(out.output_ids, skip_special_tokens=True)
         # What the reference implementations would train on: the decoded turn cut at the stop, re-encoded.
-        reencoded = self._encode(cut_after_first_stop(text, stops))
+        reencoded = self._encode(cut_after_first_stop(text, STOPS))
         drifted = reencoded != out.output_ids
         if self.config.retokenize:
             return _Turn(reencoded, [math.nan] * len(reencoded), text, out.finish_reason, drifted)
@@ -213,10 +237,10 @@ class SearchR1AgentLoop:
         traj.num_searches += 1
         traj.queries.append(action.content)
         traj.search_errors += outcome.error is not None
-        return format_observation(outcome, max_passage_tokens=self.config.max_passage_tokens,
+        return format_observation(_without_tags(outcome), max_passage_tokens=self.config.max_passage_tokens,
                                   tokenizer=self.tokenizer)
 
-    def _append_observation(self, traj: Trajectory, observation: str) -> None:
+    def _append_observation(self, traj: Trajectory, observation: str, *, kind: str) -> None:
         ids = self._encode(observation)
         if len(ids) > self.config.max_obs_tokens:
             # Keep the closing tag, so the model still sees a well-formed block.
@@ -224,10 +248,25 @@ class SearchR1AgentLoop:
             ids = ids[: max(self.config.max_obs_tokens - len(tail), 0)] + tail
             ids = ids[: self.config.max_obs_tokens]
         room = self.config.max_response_tokens - len(traj.response_ids)
-        self._append(traj, ids[:room], [0.0] * min(len(ids), room), trained=False)
+        self._append(traj, ids[:room], [0.0] * min(len(ids), room), kind=kind)
 
     @staticmethod
-    def _append(traj: Trajectory, ids: list[int], logprobs: list[float], *, trained: bool) -> None:
+    def _append(traj: Trajectory, ids: list[int], logprobs: list[float], *, kind: str) -> None:
+        """Append one span: ``model`` tokens train (mask 1); observations (``information``,
+        ``correction``) do not."""
+        if not ids:
+            return
+        start = len(traj.response_ids)
         traj.response_ids.extend(ids)
         traj.rollout_logprobs.extend(logprobs)
-        traj.response_mask.extend([1 if trained else 0] * len(ids))
+        traj.response_mask.extend([1 if kind == "model" else 0] * len(ids))
+        traj.spans.append(ResponseSpan(kind=kind, start=start, end=len(traj.response_ids)))
+
+
+def _without_tags(outcome: SearchOutcome) -> SearchOutcome:
+    """``outcome`` with protocol tags taken out of every title, passage and error: a page that happens
+    to hold ``<answer>`` must not put an answer into the model's context or the graded text."""
+    hits = [replace(hit, title=strip_protocol_tags(hit.title), text=strip_protocol_tags(hit.text))
+            for hit in outcome.hits]
+    error = None if outcome.error is None else strip_protocol_tags(outcome.error)
+    return replace(outcome, hits=hits, error=error)

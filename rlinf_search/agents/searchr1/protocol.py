@@ -10,16 +10,29 @@ ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
 # Stop at the closing tag in the engine, or the model keeps writing past its query and those
 # tokens (an imagined <information> block, say) get trained on.
-STOPS_WITH_SEARCH = (SEARCH_CLOSE, ANSWER_CLOSE)
-STOPS_WITHOUT_SEARCH = (ANSWER_CLOSE,)
+# The last turn (after ``max_turns``) stops at ``</search>`` too: a search there ends the trajectory
+# without an answer, and nothing the model would write after it (its own <information>, an answer
+# copied from that) is generated, trained on or graded.
+STOPS = (SEARCH_CLOSE, ANSWER_CLOSE)
 
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 
 # Our wording; shown as an observation (masked out of the loss) after a turn with no valid action.
+# It names the tags without writing them: an observation that held "<answer> and </answer>" would be
+# read as an answer (" and ") by anything that parses the whole response.
 INVALID_ACTION_OBSERVATION = (
-    "\nThat turn had no valid action. To search, write the query inside <search> and </search>. "
-    "To finish, write the final answer inside <answer> and </answer>.\n"
+    "\nThat turn had no valid action. To search, put the query between the search tags; to finish, "
+    "put the final answer between the answer tags, as the instructions show.\n"
 )
+
+# Any protocol tag, opening or closing; observation text never carries one (see ``strip_protocol_tags``).
+PROTOCOL_TAG = re.compile(r"</?\s*(?:think|search|information|answer)\s*>", re.IGNORECASE)
+
+
+def strip_protocol_tags(text: str) -> str:
+    """``text`` with every protocol tag removed, so text the model did not write can never be read as
+    one of its actions or answers."""
+    return PROTOCOL_TAG.sub(" ", text)
 
 
 @dataclass(frozen=True)

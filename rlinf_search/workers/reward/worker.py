@@ -19,10 +19,11 @@ class RewardWorker(Worker):
         self.scale = config.reward_scale
 
     def score(self, trajectories: list[Trajectory]) -> list[dict[str, float]]:
-        """Per trajectory: ``reward`` (the configured score, scaled) and ``em`` (always, for metrics)."""
+        """Per trajectory: ``reward`` (the configured score, scaled) and ``em`` (always, for metrics), both
+        of ``graded_text``: what the model wrote, never an observation's text."""
         out = []
         for traj in trajectories:
-            reward = self.scale * compute_score(self.score_name, traj.response_text, traj.golden_answers)
-            em = compute_score("em", traj.response_text, traj.golden_answers)
+            reward = self.scale * compute_score(self.score_name, traj.graded_text, traj.golden_answers)
+            em = compute_score("em", traj.graded_text, traj.golden_answers)
             out.append({"reward": reward, "em": em})
         return out
