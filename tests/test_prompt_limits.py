@@ -37,7 +37,7 @@ def _records(tokenizer, lengths: dict[str, int]) -> list[QARecord]:
 
 def test_default_refuses_an_overlong_prompt_naming_its_uid(tokenizer):
     records = _records(tokenizer, {"ok-1": 10, "long-7": 21, "ok-2": 20})
-    with pytest.raises(PromptTooLong, match="prompt long-7 has 21 tokens, over the limit of 20"):
+    with pytest.raises(PromptTooLong, match=r"prompt long-7 \(in train\) has 21 tokens, over the limit of 20"):
         limit_prompts(records, tokenizer, PromptLimit(max_prompt_tokens=20), split="train")
 
 
