@@ -11,13 +11,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
 from tqdm import tqdm
 
 from rlinf_search.retrieval.corpus import CorpusStore
 from rlinf_search.retrieval.encoders import DenseEncoder
 from rlinf_search.retrieval.manifest import IndexManifest
+
+try:
+    import faiss
+except ImportError as exc:  # the package takes faiss from an extra: one build, never both
+    raise ImportError("faiss is not installed: pip install 'rlinf-search[cpu]' (faiss-cpu) or "
+                      "'rlinf-search[gpu]' (faiss-gpu-cu12), not both (docs/install.md)") from exc
 
 INDEX_FILE = "index.faiss"
 EMBEDDINGS_FILE = "embeddings.f32"

@@ -1,0 +1,51 @@
+"""Package metadata tells the truth: the Python floor, the transformers floor, and one faiss build per
+install path (faiss-cpu and faiss-gpu write the same `faiss` module; one on top of the other breaks it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _faiss(requirements: list[str]) -> list[str]:
+    return [r for r in requirements if r.startswith("faiss")]
+
+
+def test_python_and_transformers_floors():
+    assert PROJECT["requires-python"] == ">=3.11"  # asyncio.timeout in the search client
+    assert "transformers>=4.56" in PROJECT["dependencies"]  # from_pretrained(dtype=...)
+
+
+def test_each_install_path_names_one_faiss_build():
+    extras = PROJECT["optional-dependencies"]
+    assert _faiss(PROJECT["dependencies"]) == [], "the base install takes no faiss build"
+    assert _faiss(extras["faiss-cpu"]) == ["faiss-cpu>=1.8"] and _faiss(extras["faiss-gpu"]) == ["faiss-gpu-cu12>=1.8"]
+    assert "rlinf-search[faiss-cpu]" in extras["cpu"] and "rlinf-search[faiss-gpu]" in extras["gpu"]
+    assert not any("faiss-cpu" in r for r in extras["gpu"]) and not any("faiss-gpu" in r for r in extras["cpu"])
+
+
+def _resolved(extra: str, tmp_path: Path) -> set[str]:
+    """What `pip install --dry-run` would install for `.[extra]` into an empty environment."""
+    pin = tmp_path / "pin.txt"
+    pin.write_text("torch==2.13.0\n")
+    report = tmp_path / f"{extra}.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+                           "-c", str(pin), "--report", str(report), f"{ROOT}[{extra}]"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+
+
+@pytest.mark.heavy
+def test_pip_resolves_one_faiss_build_per_extra(tmp_path):
+    cpu, gpu = _resolved("cpu", tmp_path), _resolved("faiss-gpu", tmp_path)
+    assert "faiss-cpu" in cpu and not any(name.startswith("faiss-gpu") for name in cpu)
+    assert "faiss-gpu-cu12" in gpu and "faiss-cpu" not in gpu
