@@ -9,10 +9,12 @@ in ``config_update.py``.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
@@ -29,6 +31,7 @@ from rlinf_search.config_schema import (
     get_int,
     get_precision,
 )
+from rlinf_search.config_rlinf import adapt_rlinf_config, is_rlinf_config
 from rlinf_search.config_update import actor_config, critic_config, forward_rows
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prepare import count_records
@@ -44,17 +47,51 @@ from rlinf_search.workers.inference.config import InferenceConfig
 from rlinf_search.workers.rollout.base import engine_factory
 from rlinf_search.workers.rollout.config import VLLM_ONLY_KEYS, RolloutConfig
 
+log = logging.getLogger(__name__)
+
 __all__ = ["ConfigError", "DEPRECATED_KEYS", "REMOVED_KEYS", "SCHEMA", "RunConfig", "RunnerConfig",
            "register_resolvers", "validate_cfg"]
 
 
 def register_resolvers() -> None:
-    """Arithmetic in YAML, as RLinf configs write it: ``${subtract:${runner.seq_length},128}``."""
+    """The resolvers RLinf configs use: arithmetic (``${subtract:${runner.seq_length},128}``) and ``not``
+    (``return_logprobs: ${not:${algorithm.recompute_logprobs}}``)."""
     resolvers = {"subtract": lambda a, b: a - b, "add": lambda a, b: a + b,
-                 "multiply": lambda a, b: a * b, "int_div": lambda a, b: int(a) // int(b)}
+                 "multiply": lambda a, b: a * b, "int_div": lambda a, b: int(a) // int(b),
+                 "not": lambda value: not bool(value)}
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
+
+
+def resolve_raw(cfg: DictConfig | dict, *, schema: dict) -> dict:
+    """The config as a plain dict with every interpolation resolved, RLinf's keys mapped onto ours
+    (``config_rlinf``) and deprecated keys renamed. An OmegaConf error (an unknown resolver, a missing
+    key in ``${...}``) becomes a one-line ``ConfigError`` naming the key."""
+    register_resolvers()
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{key}: {message}" if key else message) from None
+    if is_rlinf_config(raw):
+        adapt_rlinf_config(raw, schema=schema, training_schema=SCHEMA)
+        _use_local_gpus(raw)
+    apply_deprecations(raw)
+    return raw
+
+
+def _use_local_gpus(raw: dict) -> None:
+    """RLinf places components on the GPUs Ray finds; so does an RLinf config here when it does not say
+    ``cluster.num_gpus_per_node`` (on a machine without GPUs the placement stays on CPU slots)."""
+    cluster = raw.setdefault("cluster", {})
+    if cluster.get("num_gpus_per_node") is None:
+        import torch
+
+        if torch.cuda.is_available():
+            cluster["num_gpus_per_node"] = torch.cuda.device_count()
+            log.warning("cluster.num_gpus_per_node: %d (the GPUs of this node)", cluster["num_gpus_per_node"])
 
 
 # Components a placement may name (the agent loop runs inside the rollout group, so it is not one).
@@ -75,8 +112,9 @@ class RunnerConfig:
     experiment_name: str = "run"
     """The run's name in the metric sinks (the W&B run name): ``runner.logger.experiment_name``, else
     ``runner.experiment_name``."""
-    max_steps: int = 100
-    """Training steps (rollout + update) to run; the run stops at ``max_epochs`` first if that comes first."""
+    max_steps: int | None = 100
+    """Training steps (rollout + update) to run; the run stops at ``max_epochs`` first if that comes first.
+    None (written ``-1``, as RLinf and verl do): no step limit, ``max_epochs`` decides."""
     max_epochs: int = 1
     """Passes over the training data."""
     val_check_interval: int = 0
@@ -278,7 +316,7 @@ def _runner(raw: dict) -> RunnerConfig:
     return RunnerConfig(
         output_dir=str(output_dir),
         experiment_name=str(get(raw, "runner.logger.experiment_name", get(raw, "runner.experiment_name", "run"))),
-        max_steps=get_int(raw, "runner.max_steps", 100, minimum=1),
+        max_steps=_max_steps(raw),
         max_epochs=get_int(raw, "runner.max_epochs", 1, minimum=1),
         val_check_interval=get_int(raw, "runner.val_check_interval", 0, minimum=0),
         save_interval=get_int(raw, "runner.save_interval", 0, minimum=0),
@@ -287,6 +325,16 @@ def _runner(raw: dict) -> RunnerConfig:
         resume_dir=get(raw, "runner.resume_dir"),
         log_path=str(get(raw, "runner.logger.log_path", Path(output_dir) / "logs")), logger_backends=tuple(backends),
         project_name=str(get(raw, "runner.logger.project_name", "rlinf-search")))
+
+
+def _max_steps(raw: dict) -> int | None:
+    """``runner.max_steps``: a step count, or -1 for none (``max_epochs`` then ends the run)."""
+    steps = get_int(raw, "runner.max_steps", 100)
+    if steps == -1:
+        return None
+    if steps < 1:
+        raise ConfigError(f"runner.max_steps must be >= 1, or -1 to let runner.max_epochs end the run; got {steps}")
+    return steps
 
 
 def _check_paths(paths: tuple[str, ...], key: str, *, required: bool) -> None:
@@ -304,7 +352,8 @@ def _total_steps(runner: RunnerConfig, train_paths: tuple[str, ...], batch: int)
     if prompts < batch:
         raise ConfigError(f"data.rollout_batch_size ({batch}) is larger than the training set ({prompts} prompts "
                           "in data.train_data_paths)")
-    return min(runner.max_steps, runner.max_epochs * (prompts // batch))
+    epoch_steps = runner.max_epochs * (prompts // batch)
+    return epoch_steps if runner.max_steps is None else min(runner.max_steps, epoch_steps)
 
 
 def _group_names(raw: dict) -> dict[str, str]:
@@ -344,7 +393,7 @@ def _batching(raw: dict) -> tuple[int, int, str]:
     return group_size, batch, adv_type
 
 
-def _reward(raw: dict) -> tuple[str, float]:
+def reward_settings(raw: dict) -> tuple[str, float]:
     """(``reward.score``, ``reward.reward_scale``); ``reward.reward_type`` names the one reward family."""
     reward_type = get(raw, "reward.reward_type", REWARD_TYPES[0])
     if reward_type not in REWARD_TYPES:
@@ -358,9 +407,7 @@ def _reward(raw: dict) -> tuple[str, float]:
 
 def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     """Check the whole config once; return its typed view. Raises ``ConfigError`` naming the key."""
-    register_resolvers()
-    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    apply_deprecations(raw)
+    raw = resolve_raw(cfg, schema=SCHEMA)
     check_keys(raw, SCHEMA, "")
     runner = _runner(raw)
     limit = prompt_limit(raw, seq_length=runner.seq_length)
@@ -374,7 +421,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     if retokenize and not recompute:
         raise ConfigError("agentloop.retokenize: true needs algorithm.recompute_logprobs: true: re-tokenized ids "
                           "were never scored by the engine, so their old log-probs must be recomputed")
-    score, scale = _reward(raw)
+    score, scale = reward_settings(raw)
     groups = _group_names(raw)
     sampling = _sampling(raw)
     rollout = _rollout(raw, sampling, recompute=recompute)

@@ -152,14 +152,21 @@ def get_section(raw: dict, dotted: str) -> dict:
     return {key: value for key, value in body.items() if value is not None}
 
 
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32", "bfloat16": "bfloat16"}
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float32": "float32",
+              "bfloat16": "bfloat16", "float16": "float16"}
 
 
-def get_precision(raw: dict, dotted: str, default: str | None) -> str | None:
-    """A precision key as a torch dtype name (``bf16`` -> ``bfloat16``); null: ``default`` (None stays None)."""
+def get_precision(raw: dict, dotted: str, default: str | None, *, training: bool = False) -> str | None:
+    """A precision key as a torch dtype name (``bf16`` -> ``bfloat16``); null: ``default`` (None stays None).
+
+    ``training``: the key sets a model that trains, where fp16 is refused: fp16 gradients need loss
+    scaling, which this trainer does not do (bf16 has fp32's range and needs none)."""
     value = get(raw, dotted, default)
     if value is None:
         return None
     if value not in PRECISIONS:
         raise ConfigError(f"{dotted}: precision must be one of {sorted(PRECISIONS)}, got {value!r}")
+    if training and PRECISIONS[value] == "float16":
+        raise ConfigError(f"{dotted}: fp16 training needs loss scaling, which this trainer does not do; use bf16 "
+                          "(bf16 compute over fp32 master weights) or fp32")
     return PRECISIONS[value]

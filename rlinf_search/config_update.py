@@ -73,7 +73,7 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
                        loss=_policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature),
                        ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
                        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
-                       dtype=get_precision(raw, "actor.model.precision", "fp32"),
+                       dtype=get_precision(raw, "actor.model.precision", "fp32", training=True),
                        seed=get_int(raw, "data.seed", 0), forward_micro_batch_size=forward_rows(raw),
                        shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", True),
                        offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", False),
@@ -102,7 +102,7 @@ def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name
         optim=_optim(raw, "critic", total_steps=actor.optim.total_steps, lr=CRITIC_LR),
         loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
         n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs,
-        dtype=get_precision(raw, "critic.model.precision", "fp32"), seed=actor.seed,
+        dtype=get_precision(raw, "critic.model.precision", "fp32", training=True), seed=actor.seed,
         shuffle_rollout=actor.shuffle_rollout, warmup_steps=warmup, group_name=group_name)
 
 

@@ -240,8 +240,8 @@ def test_lr_schedule_spans_the_steps_the_run_really_takes(cfg):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda c: c.runner.update({"task_type": "reasoning"}),
-     "runner.task_type: unknown 'reasoning'; this trainer runs searchr1"),
+    (lambda c: c.runner.update({"task_type": "math"}),
+     "runner.task_type: unknown 'math'; this trainer runs searchr1"),
     (lambda c: c.reward.update({"reward_type": "math"}), "reward.reward_type: unknown 'math'; choose searchr1"),
     (lambda c: c.reward.update({"group_name": "ActorGroup"}),
      "reward.group_name: 'ActorGroup' is actor.group_name too"),
@@ -258,7 +258,7 @@ def test_lr_schedule_spans_the_steps_the_run_really_takes(cfg):
      "tools.search.top_k: unknown key; tools.search takes backend, backoff_base_s"),
     (lambda c: c.runner.update({"max_tokens_per_mbs": 0}), "runner.max_tokens_per_mbs must be >= 1, got 0"),
     (lambda c: c.runner.update({"max_tokens_per_mbs": "lots"}), "runner.max_tokens_per_mbs: expected an integer"),
-    (lambda c: c.runner.update({"max_steps": -1}), "runner.max_steps must be >= 1, got -1"),
+    (lambda c: c.runner.update({"max_steps": 0}), "runner.max_steps must be >= 1, or -1 to let runner.max_epochs"),
     (lambda c: c.algorithm.update({"kl_beta": "small"}), "algorithm.kl_beta: expected a number, got 'small'"),
     (lambda c: c.algorithm.update({"n_minibatches": 0}), "algorithm.n_minibatches must be >= 1"),
     (lambda c: c.data.update({"shuffle": "no"}), "data.shuffle: expected true or false, got 'no'"),

@@ -9,7 +9,6 @@ from rlinf_search.algorithms import compute_advantages
 from rlinf_search.data.batch import collate_trajectories, split_by_token_budget
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-from rlinf_search.workers.actor.logprobs import response_logprobs
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer, lr_lambda
 
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from rlinf_search.config import ConfigError, register_resolvers, validate_cfg
 from rlinf_search.runners.train_main import train
+from rlinf_search.scheduler.cluster import ClusterError
 from rlinf_search.workers.actor.backends import BackendUnavailable
 
 register_resolvers()
@@ -25,7 +26,7 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as exc:  # raised before any worker starts (the prompt limit is checked in train)
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except BackendUnavailable as exc:  # the config is sound; this machine cannot run it
+    except (BackendUnavailable, ClusterError) as exc:  # the config is sound; this machine cannot run it
         print(f"cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
 

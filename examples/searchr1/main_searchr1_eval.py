@@ -14,6 +14,7 @@ from rlinf_search.config import ConfigError, register_resolvers
 from rlinf_search.runners.eval_config import validate_eval_cfg
 from rlinf_search.runners.eval_main import run_eval
 from rlinf_search.runners.eval_runner import format_table
+from rlinf_search.scheduler.cluster import ClusterError
 
 register_resolvers()
 
@@ -25,6 +26,9 @@ def main(cfg: DictConfig) -> None:
         report, path = run_eval(config)
     except ConfigError as exc:  # raised before any worker starts (the prompt limit is checked in run_eval)
         print(f"config error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ClusterError as exc:  # the config is sound; this machine cannot run it
+        print(f"cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
     print(format_table(report))
     print(f"wrote {path}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.config import (
@@ -21,21 +21,19 @@ from rlinf_search.config import (
     _rollout,
     _sampling,
     prompt_limit,
-    register_resolvers,
+    reward_settings,
     require_placed,
+    resolve_raw,
 )
 from rlinf_search.config_schema import (
     SCHEMA,
     ConfigError,
-    apply_deprecations,
     check_keys,
     get,
     get_bool,
-    get_float,
     get_int,
 )
 from rlinf_search.data.prompt_tokens import PromptLimit
-from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement
 from rlinf_search.tools.search.config import SearchToolConfig
@@ -51,7 +49,7 @@ EVAL_SCHEMA = {
     "rollout": SCHEMA["rollout"],
     "data": {"max_prompt_length": None, "filter_overlong_prompts": None, "truncation": None,
              "apply_chat_template": None, "seed": None, "val_data_paths": None},
-    "reward": {"group_name": None, "score": None, "reward_scale": None},
+    "reward": {"group_name": None, "reward_type": None, "score": None, "reward_scale": None},
 }
 
 
@@ -94,9 +92,7 @@ class EvalConfig:
 
 def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     """Check the whole eval config once; return its typed view. Raises ``ConfigError`` naming the key."""
-    register_resolvers()
-    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    apply_deprecations(raw)
+    raw = resolve_raw(cfg, schema=EVAL_SCHEMA)
     check_keys(raw, EVAL_SCHEMA, "")
     output_dir = get(raw, "runner.output_dir")
     if not output_dir:
@@ -111,9 +107,7 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
                                      retokenize=get_bool(raw, "agentloop.retokenize", False))
     cluster, placement = _cluster(raw, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
-    score = get(raw, "reward.score", "em")
-    if score not in REWARDS:
-        raise ConfigError(f"reward.score: unknown {score!r}; choose one of {sorted(REWARDS)}")
+    score, scale = reward_settings(raw)
     val_paths = tuple(get(raw, "data.val_data_paths", ()))
     _check_paths(val_paths, "data.val_data_paths", required=True)
     return EvalConfig(
@@ -121,5 +115,4 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
         experiment_name=str(get(raw, "runner.experiment_name", "eval")), rollout=rollout,
         rollout_group=str(get(raw, "rollout.group_name", "RolloutGroup")), agent_loop=agent_loop, search=search,
         val_data_paths=val_paths, samples_per_prompt=samples, seed=get_int(raw, "data.seed", 0), prompt_limit=limit,
-        reward_group=str(get(raw, "reward.group_name", "RewardGroup")), reward_score=score,
-        reward_scale=get_float(raw, "reward.reward_scale", 1.0))
+        reward_group=str(get(raw, "reward.group_name", "RewardGroup")), reward_score=score, reward_scale=scale)
