@@ -7,8 +7,11 @@ patches (``tests/megatron_ranks.py``), so Megatron's logits and updates are comp
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -75,6 +78,19 @@ def test_converter_round_trip_gives_identical_logits(tiny_model_dir, untied_mode
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "<search> x </search>"
     assert tokenizer.encode(text) == AutoTokenizer.from_pretrained(source).encode(text)
+
+
+def test_rlinf_converter_script_takes_rlinf_positional_arguments(tiny_model_dir, tmp_path):
+    """``mg2hf_3b.sh MEGATRON_CKPT HF_OUT ORIGINAL_HF`` at RLinf's path, as RLinf's Search-R1 doc runs it."""
+    ckpt = _megatron_checkpoint(tiny_model_dir, tmp_path / "global_step_7" / "actor", tp=2, pp=1)
+    script = "toolkits/ckpt_convertor/megatron_convertor/mg2hf_3b.sh"
+    done = subprocess.run(["bash", script, str(ckpt), str(tmp_path / "hf"), str(tiny_model_dir)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_logits(tmp_path / "hf", ids), _logits(tiny_model_dir, ids))
+    usage = subprocess.run(["bash", script, str(ckpt)], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
 
 
 def test_converter_reads_a_run_config_and_checks_its_sizes(tiny_model_dir, tmp_path, capsys):

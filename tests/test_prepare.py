@@ -322,3 +322,41 @@ def test_prepared_rows_are_qarecords():
     assert isinstance(record, QARecord)
     assert record.uid == "flashrag_quickstart_nq_test-test_0"
     assert record.golden_answers == ["Wilhelm Conrad Röntgen"]
+
+
+# The shape of RLinf's Search-R1 training rows (RLinf/Search-R1-Data, read by RLinf's ReasoningDataset with
+# data.prompt_key: prompt, data.answer_key: solutions, apply_chat_template: False): the prompt is already
+# in Qwen's chat template, the answers are a list (or one string).
+_QWEN_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nAnswer the given "
+                "question. ... Question: {q}\n<|im_end|>\n<|im_start|>assistant\n")
+RLINF_ROWS = [
+    {"prompt": _QWEN_PROMPT.format(q="who got the first nobel prize in physics?"),
+     "solutions": ["Wilhelm Conrad Röntgen"], "data_source": "nq"},
+    {"prompt": _QWEN_PROMPT.format(q="which city is the capital of bulgaria?"), "solutions": "Sofia",
+     "data_source": "hotpotqa", "id": "h-17"},
+    {"prompt": [{"role": "user", "content": "Question: who wrote angels and insects?"}],
+     "solutions": ["A. S. Byatt", "Antonia Byatt"]},
+]
+
+
+def test_rlinf_rows_keep_their_prompt_and_answers(tmp_path):
+    path = _write_jsonl(tmp_path / "searchr1_train.jsonl", RLINF_ROWS)
+    records = prepare(path, "rlinf")
+    assert [r.uid for r in records] == ["nq-0", "hotpotqa-h-17", "searchr1_train-2"]
+    assert [r.data_source for r in records] == ["nq", "hotpotqa", "searchr1_train"]
+    assert records[0].prompt == RLINF_ROWS[0]["prompt"], "a templated prompt is passed through untouched"
+    assert records[2].prompt == RLINF_ROWS[2]["prompt"]
+    assert [r.golden_answers for r in records] == [["Wilhelm Conrad Röntgen"], ["Sofia"], ["A. S. Byatt", "Antonia Byatt"]]
+    assert records[1].question == "which city is the capital of bulgaria?"
+
+
+def test_rlinf_rows_errors_and_the_trainer_pointing_at_prepare(tmp_path):
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "Question: x?", "answer": "y"}])
+    with pytest.raises(PrepareError, match=r"bad.jsonl, line 1: no 'solutions'"):
+        prepare(bad, "rlinf")
+    raw = _write_jsonl(tmp_path / "raw.jsonl", RLINF_ROWS)
+    with pytest.raises(PrepareError, match="an RLinf Search-R1 row .* --format rlinf"):
+        load_records(raw)
+    out = tmp_path / "prepared.jsonl"
+    assert run_cli("--input", str(raw), "--format", "rlinf", "--out", str(out)).returncode == 0
+    assert len(load_records(out)) == 3

@@ -177,6 +177,9 @@ def _record_from_json(row: Any, where: str) -> QARecord:
     if not isinstance(row, dict):
         raise PrepareError(f"{where}: not a JSON object")
     missing, unknown = _REQUIRED - row.keys(), row.keys() - _FIELDS
+    if "solutions" in row and "golden_answers" not in row:
+        raise PrepareError(f"{where}: an RLinf Search-R1 row (prompt/solutions), not a prepared one; prepare it "
+                           "first: python -m rlinf_search.data.prepare --format rlinf --input FILE --out OUT.jsonl")
     if missing or unknown:
         problem = f"missing {sorted(missing)}" if missing else f"unknown keys {sorted(unknown)}"
         raise PrepareError(f"{where}: not a prepared QARecord ({problem})")

@@ -12,6 +12,9 @@ Built-in formats:
   ``aug_answer`` kept in ``extra``. ``aug_answer`` is not a gold answer: ASearcher weighs it lower.
 - ``searchr1_parquet``: verl / Search-R1 training parquet; its ``prompt`` is already templated and
   is passed through untouched.
+- ``rlinf``: RLinf's Search-R1 training jsonl (its ``data.prompt_key`` / ``data.answer_key`` defaults):
+  ``prompt`` (text already in the chat template, or chat messages), ``solutions`` (a string or a
+  list); an id in ``id``/``idx``/``index`` and a ``data_source`` when the row has them.
 
 A reader is any callable ``(path) -> Iterable[SourceRecord]``; add one with :func:`register_reader`,
 or name it on the command line as ``package.module:function``.
@@ -216,7 +219,11 @@ def _question_from_prompt(prompt: Any) -> str:
         text = users[-1] if users and isinstance(users[-1], str) else ""
     else:
         text = prompt if isinstance(prompt, str) else ""
-    return text.rsplit("Question:", 1)[1].strip() if "Question:" in text else ""
+    if "Question:" not in text:
+        return ""
+    # A text prompt goes on past the question with the chat template's markers (<|im_end|> ...).
+    tail = text.rsplit("Question:", 1)[1].split("<|", 1)[0].strip()
+    return tail.splitlines()[0].strip() if tail else ""
 
 
 def _parquet_question(row: dict) -> str:
@@ -267,8 +274,34 @@ def read_searchr1_parquet(path: Path) -> Iterator[SourceRecord]:
         )
 
 
+# RLinf's Search-R1 rows carry no id field of their own; these are looked up in order when present.
+_RLINF_ID_KEYS = ("id", "idx", "index", "uid")
+
+
+def read_rlinf(path: Path) -> Iterator[SourceRecord]:
+    """RLinf's Search-R1 jsonl: ``prompt`` (kept as it is) and ``solutions``; the question is read from
+    the prompt's last ``Question:`` when the row has no ``question``."""
+    consumed = {"prompt", "solutions", "question", "data_source", *_RLINF_ID_KEYS}
+    for index, location, row in iter_json_records(path):
+        prompt = row.get("prompt")
+        if not (isinstance(prompt, str) and prompt.strip()) and not (isinstance(prompt, list) and prompt):
+            raise fail(path, location, "no prompt (RLinf rows hold the templated prompt in 'prompt')")
+        if "solutions" not in row:
+            raise fail(path, location, "no 'solutions' (RLinf rows hold the gold answers there)")
+        question = row.get("question")
+        id_key = next((k for k in _RLINF_ID_KEYS if _optional_id(row.get(k)) is not None), None)
+        yield SourceRecord(
+            index=index, location=location,
+            question=question.strip() if isinstance(question, str) else _question_from_prompt(prompt),
+            golden_answers=as_answers(row["solutions"], path, location), prompt=prompt,
+            original_id=str(row[id_key]) if id_key else None, data_source=_optional_id(row.get("data_source")),
+            extra={k: v for k, v in row.items() if k not in consumed},
+        )
+
+
 register_reader("flashrag", read_flashrag)
 register_reader("hotpotqa", read_flashrag)
 register_reader("nq_open", read_nq_open)
 register_reader("asearcher", read_asearcher)
 register_reader("searchr1_parquet", read_searchr1_parquet)
+register_reader("rlinf", read_rlinf)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlinf_search.config_schema import ConfigError
 from rlinf_search.data.prompt_tokens import PromptTooLong
+from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.eval_config import EvalConfig
 from rlinf_search.runners.eval_runner import EvalReport, score_trajectories, write_report
 from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
@@ -26,7 +27,7 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
         tokenizer = rollout_tokenizer(config.rollout.model_path)
         records = load_prompt_set(config.val_data_paths, tokenizer, config.prompt_limit,
                                   split="data.val_data_paths").records
-    except PromptTooLong as exc:  # before any worker starts
+    except (PromptTooLong, PrepareError) as exc:  # before any worker starts
         raise ConfigError(str(exc)) from None
     greedy = config.agent_loop.sampling.greedy
     with Cluster(config.cluster) as cluster:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlinf_search.config import ConfigError, RunConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
+from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.train_runner import Groups, SearchR1Runner, find_resume_point
 from rlinf_search.scheduler import Cluster
@@ -46,7 +47,7 @@ def read_prompts(config: RunConfig) -> RunPrompts:
     try:
         return load_run_prompts(train_paths=config.train_data_paths, val_paths=config.val_data_paths,
                                 model_path=config.rollout.model_path, limit=config.prompt_limit)
-    except PromptTooLong as exc:
+    except (PromptTooLong, PrepareError) as exc:
         raise ConfigError(str(exc)) from None
 
 
