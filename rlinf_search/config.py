@@ -10,7 +10,7 @@ in ``config_update.py``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -133,6 +133,9 @@ class RunnerConfig:
     """Metric sinks (names and their packages checked by ``validate_cfg``)."""
     project_name: str = "rlinf-search"
     """W&B project."""
+    rollout_dump: int = 0
+    """Trajectories of each step written to ``output_dir/rollouts/step_K.jsonl`` (and, when > 0, every
+    validation trajectory to ``val_step_K.jsonl``); 0: none."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,9 @@ class RunConfig:
     """GAE lambda."""
     critic: CriticConfig | None = None
     """The value model for GAE (``critic`` with ``use_critic_model: true``); None without one."""
+    settings: dict = field(default_factory=dict)
+    """The config as validated (interpolations resolved, RLinf keys mapped): the run's record, saved as
+    ``output_dir/config.yaml`` and handed to W&B and TensorBoard. Workers never read it."""
 
 
 def _sampling(raw: dict) -> SamplingParams:
@@ -324,7 +330,8 @@ def _runner(raw: dict) -> RunnerConfig:
         max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
         resume_dir=get(raw, "runner.resume_dir"),
         log_path=str(get(raw, "runner.logger.log_path", Path(output_dir) / "logs")), logger_backends=tuple(backends),
-        project_name=str(get(raw, "runner.logger.project_name", "rlinf-search")))
+        project_name=str(get(raw, "runner.logger.project_name", "rlinf-search")),
+        rollout_dump=get_int(raw, "runner.rollout_dump", 0, minimum=0))
 
 
 def _max_steps(raw: dict) -> int | None:
@@ -446,4 +453,4 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", True),
         gamma=get_float(raw, "algorithm.gamma", 1.0), lam=get_float(raw, "algorithm.lam", 1.0),
-        critic=critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"]))
+        critic=critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"]), settings=raw)

@@ -59,14 +59,23 @@ def test_rng_round_trip():
 
 
 def test_metric_sinks_and_plot(tmp_path, capsys):
-    logger = MetricLogger(tmp_path, ["console", "jsonl", "tensorboard"])
+    settings = {"algorithm": {"kl_beta": 0.001, "adv_type": "grpo"}, "data": {"train_data_paths": ["a.jsonl"]}}
+    logger = MetricLogger(tmp_path, ["console", "jsonl", "tensorboard"], settings=settings)
     for step in range(1, 6):
         logger.log({"reward/mean": 0.1 * step, "actor/kl": 0.01, "rollout/searches_per_trajectory": step / 5},
                    step)
     logger.close()
     rows = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["reward/mean"] == pytest.approx(0.5)
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1, "hparams go into the run's own event file"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulated = EventAccumulator(str(events[0]), size_guidance={"tensors": 0}).Reload()
+    assert accumulated.PluginTagToContent("hparams"), "the settings are recorded as hparams"
+    hparams = accumulated.SummaryMetadata("_hparams_/session_start_info").plugin_data.content
+    assert b"algorithm.kl_beta" in hparams and b"data.train_data_paths" in hparams
+    assert "config/text_summary" in accumulated.Tags()["tensors"]
     assert "step 5: reward=0.5" in capsys.readouterr().out
     assert plot_main([str(tmp_path), "--out", str(tmp_path / "curves.png")]) == 0
     png = (tmp_path / "curves.png").read_bytes()

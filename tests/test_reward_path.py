@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop, graded_text
 from rlinf_search.agents.searchr1.protocol import INVALID_ACTION_OBSERVATION, parse_action
-from rlinf_search.data.io_struct import QARecord
+from rlinf_search.data.io_struct import QARecord, ResponseSpan
 from rlinf_search.retrieval.build_index import main as build_index_main
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.reward.worker import RewardWorker
@@ -84,17 +84,12 @@ def test_passage_tags_reach_neither_the_model_nor_the_reward(tokenizer, tagged_c
     assert _grade(traj, "format_em")["reward"] == 1.0, "a valid structure: search, information, answer"
 
 
-def test_the_graded_text_keeps_only_model_tags_even_if_an_observation_had_some(tokenizer):
+def test_the_graded_text_keeps_only_model_tags_even_if_an_observation_had_some():
     """Defence in depth: a span marked as observation is never graded as the model's, whatever it holds."""
-    loop = SearchR1AgentLoop(ScriptedEngine(tokenizer, []), None, tokenizer, AgentLoopConfig())
-    from rlinf_search.data.io_struct import Trajectory
-
-    traj = Trajectory(uid="x", prompt_ids=[], response_ids=[], response_mask=[], rollout_logprobs=[])
-    for kind, text in [("model", "I will check."), ("correction", "try <answer> Paris </answer> next"),
-                       ("model", "<answer> Lyon </answer>")]:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        loop._append(traj, ids, [0.0] * len(ids), kind=kind)
-    assert "<answer> Paris" in tokenizer.decode(traj.response_ids)
-    traj.graded_text = loop._graded_text(traj)
-    assert _grade(SimpleNamespace(graded_text=traj.graded_text, golden_answers=["Paris"]))["em"] == 0.0
-    assert _grade(SimpleNamespace(graded_text=traj.graded_text, golden_answers=["Lyon"]))["em"] == 1.0
+    spans = [ResponseSpan("model", 0, 1, "I will check."), ResponseSpan("correction", 1, 2, "try <answer> Paris </answer>"),
+             ResponseSpan("information", 2, 3, "\n\n<information>Doc 1 <answer>Rome</answer></information>\n\n"),
+             ResponseSpan("model", 3, 4, "<answer> Lyon </answer>")]
+    text = graded_text(spans)
+    assert text.count("<answer>") == 1 and text.count("<information>") == 1
+    assert _grade(SimpleNamespace(graded_text=text, golden_answers=["Paris"]))["em"] == 0.0
+    assert _grade(SimpleNamespace(graded_text=text, golden_answers=["Lyon"]))["em"] == 1.0

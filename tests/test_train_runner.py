@@ -109,8 +109,21 @@ def test_three_steps_through_worker_groups(tmp_path, synth, server, tiny_model_d
                 "actor/clip_fraction", "rollout/drift_rate", "time/rollout_s", "time/inference_s", "time/training_s",
                 "time/weight_sync_s", "throughput/tokens_per_s"):
         assert key in rows[-1], key
-    assert "val/em" in rows[-1]
+    assert "val/em" in rows[-1] and "val/em/synth" in rows[-1] and "val/searches/synth" in rows[-1]
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "global_step_3"
+    # The run's records: its settings, and sample trajectories of every step and validation.
+    saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert saved.runner.max_steps == 3 and saved.runner.logger.log_path == str(tmp_path / "run" / "logs")
+    assert validate_cfg(saved).runner == validate_cfg(cfg).runner, "config.yaml re-validates to the same run"
+    dumps = sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir())
+    assert dumps == ["step_1.jsonl", "step_2.jsonl", "step_3.jsonl", "val_step_3.jsonl"]
+    step = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    assert len(step) == 4 and len({row["uid"] for row in step}) == 4, "spread over the step's prompts"
+    for row in step:
+        assert row["response"][0]["kind"] == "model" and {"reward", "em", "finish_reason", "queries"} <= row.keys()
+        assert all(span["kind"] in ("model", "information", "correction") for span in row["response"])
+    val_rows = (tmp_path / "run" / "rollouts" / "val_step_3.jsonl").read_text().splitlines()
+    assert len(val_rows) == len(load_records(synth / "val.prepared.jsonl"))
 
 
 def test_inference_group_on_its_own_slot_scores_like_the_actor(tmp_path, synth, server, tiny_model_dir):

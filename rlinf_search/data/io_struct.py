@@ -79,6 +79,8 @@ class ResponseSpan:
     """First token's index in ``response_ids``."""
     end: int
     """One past the last token's index."""
+    text: str = ""
+    """The span's tokens decoded (filled in when the rollout ends), for rollout files and logs."""
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Where step metrics go: console, a jsonl file, TensorBoard, W&B. One backend per name, any combination.
 
 ``runner.logger.logger_backends: [console, jsonl, tensorboard]``. The jsonl file
-(``LOG_PATH/metrics.jsonl``) is what ``python -m rlinf_search.plot`` draws.
+(``LOG_PATH/metrics.jsonl``) is what ``python -m rlinf_search.plot`` draws. The run's settings (the
+validated config) go to W&B as the run's ``config`` and to TensorBoard as hparams and as text.
 """
 
 from __future__ import annotations
@@ -53,11 +54,31 @@ class JsonlSink:
         self._handle.close()
 
 
+def flatten(settings: dict, prefix: str = "") -> dict[str, object]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists become their JSON text (hparams take scalars only)."""
+    flat: dict[str, object] = {}
+    for key, value in settings.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(flatten(value, path))
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            flat[path] = "null" if value is None else value
+        else:
+            flat[path] = json.dumps(value)
+    return flat
+
+
 class TensorBoardSink:
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, settings: dict):
         from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
 
         self._writer = SummaryWriter(log_dir=str(log_path / "tensorboard"))
+        if settings:
+            # Written into this run's own event file (add_hparams would open a second run folder).
+            for summary in hparams(flatten(settings), {}):
+                self._writer.file_writer.add_summary(summary)
+            self._writer.add_text("config", "```\n" + json.dumps(settings, indent=1) + "\n```")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -71,10 +92,10 @@ class TensorBoardSink:
 class WandbSink:
     """W&B reads its key from WANDB_API_KEY itself; it never passes through our config or logs."""
 
-    def __init__(self, log_path: Path, project: str, experiment: str):
+    def __init__(self, log_path: Path, project: str, experiment: str, settings: dict):
         import wandb
 
-        self._run = wandb.init(project=project, name=experiment, dir=str(log_path))
+        self._run = wandb.init(project=project, name=experiment, dir=str(log_path), config=settings)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._run.log(metrics, step=step)
@@ -84,9 +105,9 @@ class WandbSink:
 
 
 SINKS: dict[str, Callable[..., MetricSink]] = {
-    "console": lambda log_path, project, experiment: ConsoleSink(),
-    "jsonl": lambda log_path, project, experiment: JsonlSink(log_path),
-    "tensorboard": lambda log_path, project, experiment: TensorBoardSink(log_path),
+    "console": lambda log_path, project, experiment, settings: ConsoleSink(),
+    "jsonl": lambda log_path, project, experiment, settings: JsonlSink(log_path),
+    "tensorboard": lambda log_path, project, experiment, settings: TensorBoardSink(log_path, settings),
     "wandb": WandbSink,
 }
 # The package each sink imports when it starts: checked by ``check_backends`` before any worker starts.
@@ -109,9 +130,10 @@ class MetricLogger:
     """Fans step metrics out to the configured sinks."""
 
     def __init__(self, log_path: Path, backends: list[str], *, project: str = "rlinf-search",
-                 experiment: str = "run"):
+                 experiment: str = "run", settings: dict | None = None):
+        """``settings``: the run's validated config, recorded by the sinks that keep one (W&B, TensorBoard)."""
         check_backends(backends)
-        self.sinks = [SINKS[name](Path(log_path), project, experiment) for name in backends]
+        self.sinks = [SINKS[name](Path(log_path), project, experiment, settings or {}) for name in backends]
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for sink in self.sinks:

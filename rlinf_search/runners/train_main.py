@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from rlinf_search.config import ConfigError, RunConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
@@ -51,9 +53,20 @@ def read_prompts(config: RunConfig) -> RunPrompts:
         raise ConfigError(str(exc)) from None
 
 
+def save_settings(config: RunConfig) -> Path:
+    """``output_dir/config.yaml``: the validated config, interpolations resolved, RLinf keys mapped. A run
+    started from it (``--config-path OUTPUT --config-name config``) has the same settings."""
+    out = Path(config.runner.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.yaml"
+    OmegaConf.save(OmegaConf.create(config.settings), path)
+    return path
+
+
 def train(config: RunConfig) -> None:
     resume = find_resume_point(config)
     prompts = read_prompts(config)
+    save_settings(config)
     with Cluster(config.cluster) as cluster:
         groups = launch_groups(config, cluster, resume)
         runner = SearchR1Runner(config, groups, resumed_from=resume, prompts=prompts)

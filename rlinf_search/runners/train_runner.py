@@ -39,6 +39,7 @@ from rlinf_search.runners.checkpoint import (
 )
 from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
+from rlinf_search.runners.rollout_dump import dump_row, spread, write_dump
 from rlinf_search.scheduler import WeightSync, WorkerGroup, wait_all
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
 
@@ -132,7 +133,8 @@ class SearchR1Runner:
         if self._prefetched is not None:  # its prompts are the next batch of the stream
             self._prefetched.records = self.stream.next_batch()
         self.logger = MetricLogger(Path(config.runner.log_path), list(config.runner.logger_backends),
-                                   project=config.runner.project_name, experiment=config.runner.experiment_name)
+                                   project=config.runner.project_name, experiment=config.runner.experiment_name,
+                                   settings=config.settings)
         # The InferenceGroup's policy copy follows the actor like the engine does.
         policy_copies = [groups.inference] if groups.inference is not None and config.recompute_logprobs else []
         self.weight_sync = WeightSync(groups.actor, [groups.rollout] + policy_copies)
@@ -278,6 +280,8 @@ class SearchR1Runner:
         self._record_batch(records, trajectories)
         with timer.phase("reward"):
             scores = self._score(trajectories)
+        self._dump(f"step_{self.state.global_step + 1}", records, trajectories, scores,
+                   keep=spread(len(trajectories), self.config.runner.rollout_dump))
         batch = collate_trajectories(trajectories, [s["reward"] for s in scores], pad_id=0)
         with timer.phase("inference"):
             self._logprobs(batch)
@@ -294,6 +298,16 @@ class SearchR1Runner:
         if self.groups.critic is not None:
             metrics.update(batch_value_metrics(batch))
         return metrics
+
+    def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[dict],
+              *, keep: list[int]) -> None:
+        """``runner.rollout_dump``: the trajectories at ``keep`` to ``output_dir/rollouts/{name}.jsonl``.
+        ``records[i // samples]`` is trajectory i's prompt (each prompt's samples are consecutive)."""
+        if not keep:
+            return
+        samples = len(trajectories) // len(records)
+        write_dump(self.config.runner.output_dir, name,
+                   [dump_row(records[i // samples], trajectories[i], scores[i]) for i in keep])
 
     def _record_batch(self, records: list[QARecord], trajectories: list[Trajectory]) -> None:
         """Append the step's prompt uids and a digest of each trajectory's response ids to
@@ -328,14 +342,18 @@ class SearchR1Runner:
             self._unsynced_version = None
 
     def validate(self) -> dict[str, float]:
+        """Greedy rollouts of every validation prompt: EM, reward and searches overall and per data source
+        (``val/em/<source>``, ``val/searches/<source>``); with ``runner.rollout_dump``, every scored
+        trajectory goes to ``rollouts/val_step_K.jsonl``."""
         if not self.val_records:
             return {}
         self._flush_weights()
         trajectories = self._rollout(self.val_records, 1, greedy=True)
         scores = self._score(trajectories)
-        return {"val/em": sum(s["em"] for s in scores) / len(scores),
-                "val/reward": sum(s["reward"] for s in scores) / len(scores),
-                "val/searches_per_trajectory": sum(t.num_searches for t in trajectories) / len(trajectories)}
+        if self.config.runner.rollout_dump:
+            self._dump(f"val_step_{self.state.global_step}", self.val_records, trajectories, scores,
+                       keep=list(range(len(trajectories))))
+        return validation_metrics(self.val_records, trajectories, scores)
 
     def save(self) -> Path:
         # The position after the batch just trained on, not after one prefetched for the next step.
@@ -374,6 +392,22 @@ class SearchR1Runner:
                                 searches=f"{metrics['rollout/searches_per_trajectory']:.2f}")
         self._flush_weights()
         self.logger.close()
+
+
+def validation_metrics(records: list[QARecord], trajectories: list[Trajectory],
+                       scores: list[dict]) -> dict[str, float]:
+    """Means over all validation questions, and EM and searches per data source."""
+    def mean(values) -> float:
+        values = list(values)
+        return sum(values) / len(values)
+
+    metrics = {"val/em": mean(s["em"] for s in scores), "val/reward": mean(s["reward"] for s in scores),
+               "val/searches_per_trajectory": mean(t.num_searches for t in trajectories)}
+    for source in sorted({r.data_source for r in records}):
+        rows = [i for i, r in enumerate(records) if r.data_source == source]
+        metrics[f"val/em/{source}"] = mean(scores[i]["em"] for i in rows)
+        metrics[f"val/searches/{source}"] = mean(trajectories[i].num_searches for i in rows)
+    return metrics
 
 
 def find_resume_point(config: RunConfig) -> Path | None:

@@ -170,24 +170,11 @@ class SearchR1AgentLoop:
     def _finish(self, rollout: _Rollout) -> Trajectory:
         traj = rollout.traj
         traj.response_text = self.tokenizer.decode(traj.response_ids)
-        traj.graded_text = self._graded_text(traj)
+        traj.spans = [replace(span, text=self.tokenizer.decode(traj.response_ids[span.start: span.end]))
+                      for span in traj.spans]
+        traj.graded_text = graded_text(traj.spans)
         traj.total_time_s = time.perf_counter() - rollout.started
         return traj
-
-    def _graded_text(self, traj: Trajectory) -> str:
-        """The response as rewards read it: the model's spans as it wrote them; each observation with any
-        protocol tag taken out of its text (a search result keeps its ``<information>`` wrapper, which the
-        format check reads), so only the model's own tags can count as an action or an answer."""
-        parts = []
-        for span in traj.spans:
-            text = self.tokenizer.decode(traj.response_ids[span.start: span.end])
-            if span.kind == "model":
-                parts.append(text)
-            elif span.kind == "information":
-                parts.append(f"\n\n<information>{strip_protocol_tags(text).strip()}</information>\n\n")
-            else:
-                parts.append(strip_protocol_tags(text))
-        return "".join(parts)
 
     async def _generate_step(self, rollout: _Rollout) -> None:
         """Generate one turn; mark the rollout done or leave the action for ``_observe_step``."""
@@ -261,6 +248,21 @@ class SearchR1AgentLoop:
         traj.rollout_logprobs.extend(logprobs)
         traj.response_mask.extend([1 if kind == "model" else 0] * len(ids))
         traj.spans.append(ResponseSpan(kind=kind, start=start, end=len(traj.response_ids)))
+
+
+def graded_text(spans: list[ResponseSpan]) -> str:
+    """The response as rewards read it: the model's spans as it wrote them; each observation with any
+    protocol tag taken out of its text (a search result keeps its ``<information>`` wrapper, which the
+    format check reads), so only the model's own tags can count as an action or an answer."""
+    parts = []
+    for span in spans:
+        if span.kind == "model":
+            parts.append(span.text)
+        elif span.kind == "information":
+            parts.append(f"\n\n<information>{strip_protocol_tags(span.text).strip()}</information>\n\n")
+        else:
+            parts.append(strip_protocol_tags(span.text))
+    return "".join(parts)
 
 
 def _without_tags(outcome: SearchOutcome) -> SearchOutcome:

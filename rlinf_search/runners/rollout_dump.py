@@ -1,0 +1,74 @@
+"""Sample trajectories written to files a person can read (verl's ``rollout_data_dir`` idea).
+
+``runner.rollout_dump: N`` writes N trajectories of every training step to
+``OUTPUT/rollouts/step_K.jsonl`` and every trajectory a validation scored to
+``OUTPUT/rollouts/val_step_K.jsonl``. One JSON object per line: the prompt, the response cut into the
+model's spans and the observations, the queries, the reward, EM and why the rollout ended.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlinf_search.data.io_struct import QARecord, Trajectory
+
+ROLLOUTS_DIR = "rollouts"
+
+
+@dataclass(frozen=True)
+class DumpedTrajectory:
+    """One line of a rollout file."""
+
+    uid: str
+    """The prompt's uid (the GRPO group)."""
+    data_source: str
+    """The prompt's data set."""
+    question: str
+    """The bare question."""
+    prompt: list[dict] | str
+    """The prompt as prepared (chat messages or templated text)."""
+    golden_answers: list[str]
+    """Accepted answers."""
+    response: list[dict]
+    """The response in order: ``{"kind": "model" | "information" | "correction", "text": ...}``."""
+    queries: list[str]
+    """The search queries the model issued."""
+    reward: float
+    """The training reward (``reward.score``, scaled)."""
+    em: float
+    """Exact match of the last answer."""
+    finish_reason: str
+    """``answer``, ``eos``, ``max_turns``, ``max_response_tokens`` or ``length``."""
+    num_turns: int
+    """Generation calls."""
+
+
+def dump_row(record: QARecord, traj: Trajectory, score: dict[str, float]) -> DumpedTrajectory:
+    return DumpedTrajectory(
+        uid=traj.uid, data_source=record.data_source, question=record.question, prompt=record.prompt,
+        golden_answers=list(record.golden_answers), response=[{"kind": s.kind, "text": s.text} for s in traj.spans],
+        queries=list(traj.queries), reward=float(score["reward"]), em=float(score["em"]),
+        finish_reason=traj.finish_reason, num_turns=traj.num_turns)
+
+
+def spread(count: int, n: int) -> list[int]:
+    """``n`` indices spread evenly over ``range(count)`` (every one when ``n >= count``): a step's
+    trajectories come in groups of one prompt, and the first n would all be the same question."""
+    if n >= count:
+        return list(range(count))
+    return [i * count // n for i in range(n)]
+
+
+def write_dump(output_dir: str | Path, name: str, rows: list[DumpedTrajectory]) -> Path:
+    """Write ``rows`` to ``OUTPUT/rollouts/{name}.jsonl`` (replacing a file a resumed run wrote before)."""
+    folder = Path(output_dir) / ROLLOUTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.jsonl"
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row.__dict__, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
