@@ -173,6 +173,12 @@ RLINF_KEYS: dict[str, NoEffect | Moved | Translated | SameAs] = {
     "actor.megatron.ckpt_convertor.model": NoEffect(_FROM_HF_CONFIG),
     "actor.megatron.ckpt_convertor.*": NoEffect("the converter reads the checkpoint's own shards"),
     "actor.megatron.*": NoEffect(_MEGATRON_RUNTIME),
+    "actor.fsdp_config.gradient_checkpointing": Moved(("actor.model.enable_gradient_checkpointing",)),
+    "actor.fsdp_config.strategy": NoEffect("actor.training_backend: fsdp is FSDP2", ("fsdp", "fsdp2")),
+    "actor.fsdp_config.sharding_strategy": NoEffect("FSDP2 shards parameters, gradients and optimizer state",
+                                                    ("full_shard",)),
+    "actor.fsdp_config.mixed_precision.*": NoEffect("bf16 compute is actor.model.precision; gradients reduce "
+                                                    "in fp32 and the master weights stay fp32"),
     "actor.fsdp_config.*": NoEffect("actor.training_backend and actor.model set how the FSDP actor runs"),
 }
 """RLinf keys by dotted path (``*`` matches the rest of a path); the first matching entry applies."""

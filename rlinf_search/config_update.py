@@ -66,6 +66,9 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
     of ``ppo_epochs x n_minibatches`` optimizer steps each."""
     backend = get(raw, "actor.training_backend", "fsdp")
     megatron = _megatron(raw, backend, model_path)
+    if backend == "megatron" and get_bool(raw, "actor.model.enable_gradient_checkpointing", False):
+        raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
+                          "by actor.model.recompute_granularity instead")
     ppo_epochs = get_int(raw, "algorithm.ppo_epochs", 1, minimum=1)
     n_minibatches = get_int(raw, "algorithm.n_minibatches", 1, minimum=1)
     return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
@@ -74,11 +77,24 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
                        ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
                        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
                        dtype=get_precision(raw, "actor.model.precision", "fp32", training=True),
+                       gradient_checkpointing=get_bool(raw, "actor.model.enable_gradient_checkpointing", False),
+                       pack_sequences=get_bool(raw, "actor.model.use_remove_padding", True),
+                       logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size", 1024, minimum=1),
+                       fsdp_cpu_offload=_fsdp_cpu_offload(raw, backend),
                        seed=get_int(raw, "data.seed", 0), forward_micro_batch_size=forward_rows(raw),
                        shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", True),
                        offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", False),
                                              grads=get_bool(raw, "actor.offload_grad", False),
                                              optimizer=get_bool(raw, "actor.offload_optimizer", False)))
+
+
+def _fsdp_cpu_offload(raw: dict, backend: str) -> bool:
+    """``actor.fsdp_config.cpu_offload``: FSDP2's own offload of the shards; read by ``fsdp`` only."""
+    offload = get_bool(raw, "actor.fsdp_config.cpu_offload", False)
+    if offload and backend != "fsdp":
+        raise ConfigError(f"actor.fsdp_config.cpu_offload: read by actor.training_backend: fsdp only, and this run "
+                          f"uses {backend}")
+    return offload
 
 
 def forward_rows(raw: dict) -> int | None:
@@ -103,7 +119,9 @@ def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name
         loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
         n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs,
         dtype=get_precision(raw, "critic.model.precision", "fp32", training=True), seed=actor.seed,
-        shuffle_rollout=actor.shuffle_rollout, warmup_steps=warmup, group_name=group_name)
+        shuffle_rollout=actor.shuffle_rollout, warmup_steps=warmup, group_name=group_name,
+        training_backend=actor.training_backend, gradient_checkpointing=actor.gradient_checkpointing,
+        pack_sequences=actor.pack_sequences)
 
 
 def _megatron(raw: dict, backend: str, model_path: str) -> MegatronConfig | None:

@@ -79,7 +79,7 @@ def build_and_score(rank: int, world_size: int, port: int, model_dir: str, out_d
 
 
 def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
-    """One PPO update by the Megatron trainer; this rank holds its share of the rows, as the runner sends."""
+    """One PPO update by the Megatron trainer; every rank gets the whole batch, as the runner sends it."""
     import torch
 
     _init(rank, world_size, port)
@@ -88,12 +88,13 @@ def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_di
 
     config = pickle.loads(Path(out_dir, "config.pkl").read_bytes())
     batch = pickle.loads(Path(out_dir, "batch.pkl").read_bytes())
-    rows = [list(range(len(batch)))[i::world_size] for i in range(world_size)][rank]
+    from rlinf_search.workers.actor.logprobs import place_rows
+
     trainer = MegatronPolicyTrainer(config)
-    share = batch.select(rows)
-    share.old_logprobs = trainer.compute_logprobs(share)
-    metrics = trainer.train_on_batch(share)
-    result = {"rows": rows, "old": share.old_logprobs, "metrics": metrics,
+    rows, old = trainer.compute_logprobs(batch)
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [(rows, old)])
+    metrics = trainer.train_on_batch(batch)
+    result = {"rows": rows, "old": old, "metrics": metrics,
               "weights": trainer.rollout_state_dict() if rank == 0 else None}
     Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     torch.distributed.barrier()

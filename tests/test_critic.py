@@ -30,6 +30,7 @@ from rlinf_search.runners.checkpoint import (
     save_checkpoint,
 )
 from rlinf_search.workers.actor.config import OptimConfig
+from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.critic.value_model import ValueModel
 from rlinf_search.workers.critic.value_trainer import ValueTrainer, explained_variance
@@ -92,10 +93,16 @@ def _batch(tokenizer):
 
 
 def _critic_config(model_dir, **changes) -> CriticConfig:
+    # ddp: one process here (FSDP2 runs in the 2-rank tests of tests/test_fsdp.py).
     settings = dict(model_path=str(model_dir), optim=OptimConfig(lr=1e-3, weight_decay=0.0, total_steps=100),
-                    n_minibatches=2, max_tokens_per_mbs=40)
+                    n_minibatches=2, max_tokens_per_mbs=40, training_backend="ddp")
     settings.update(changes)
     return CriticConfig(**settings)
+
+
+def _values(trainer, batch) -> torch.Tensor:
+    """``[B, T]`` values from a trainer's (rows, values) share (one process: every row)."""
+    return place_rows(tuple(batch.response_mask.shape), [trainer.compute_values(batch)])
 
 
 def test_fresh_critic_keeps_the_backbone_and_starts_near_zero(tiny_model_dir):
@@ -104,14 +111,14 @@ def test_fresh_critic_keeps_the_backbone_and_starts_near_zero(tiny_model_dir):
     for name, tensor in critic.backbone.state_dict().items():
         assert torch.equal(tensor, policy.model.state_dict()[name]), name
     batch = _batch(AutoTokenizer.from_pretrained(tiny_model_dir))
-    values = ValueTrainer(_critic_config(tiny_model_dir)).compute_values(batch)
+    values = _values(ValueTrainer(_critic_config(tiny_model_dir)), batch)
     assert values.shape == batch.response_mask.shape and values.abs().max() < 1.0
 
 
 def test_reported_loss_matches_hand_number_then_critic_learns(tiny_model_dir):
     batch = _batch(AutoTokenizer.from_pretrained(tiny_model_dir))
     frozen = ValueTrainer(_critic_config(tiny_model_dir, optim=OptimConfig(lr=0.0, total_steps=10)))
-    batch.values = frozen.compute_values(batch)
+    batch.values = _values(frozen, batch)
     # Targets 0.4 above the predictions, inside the 0.5 band: every token's loss is 0.5 * 0.16, over
     # two mini-batches cut into micro-batches by the 40-token budget.
     batch.returns = torch.where(batch.response_mask.bool(), batch.values + 0.4, 0.0)
@@ -125,7 +132,7 @@ def test_reported_loss_matches_hand_number_then_critic_learns(tiny_model_dir):
     trainer = ValueTrainer(_critic_config(tiny_model_dir, value_clip=10.0))
     losses = []
     for _ in range(3):
-        batch.values = trainer.compute_values(batch)
+        batch.values = _values(trainer, batch)
         out = compute_advantages("gae", rewards=batch.rewards, response_mask=batch.response_mask,
                                  values=batch.values, gamma=1.0, lam=1.0)
         batch.returns = out.returns
@@ -136,7 +143,7 @@ def test_reported_loss_matches_hand_number_then_critic_learns(tiny_model_dir):
 def test_save_and_resume_restore_weights_optimizer_and_order(tiny_model_dir, tmp_path):
     batch = _batch(AutoTokenizer.from_pretrained(tiny_model_dir))
     trainer = ValueTrainer(_critic_config(tiny_model_dir))
-    batch.values = trainer.compute_values(batch)
+    batch.values = _values(trainer, batch)
     batch.returns = compute_advantages("gae", rewards=batch.rewards, response_mask=batch.response_mask,
                                        values=batch.values).returns
     trainer.train_on_batch(batch)

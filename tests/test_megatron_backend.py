@@ -23,7 +23,6 @@ from rlinf_search.config import ConfigError, validate_cfg
 from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.workers.actor.backends import BackendUnavailable, require_training_backend
 from rlinf_search.workers.actor.megatron.hf_io import read_hf_config, read_hf_state
-from rlinf_search.workers.actor.megatron.rows import join_batches, own_rows
 from rlinf_search.workers.actor.megatron.weights import QwenLayout, hf_to_megatron
 from tests.conftest import HOTPOT_DIR
 from toolkits.convert_megatron_to_hf import main as convert_main
@@ -138,26 +137,6 @@ def test_converter_errors_are_one_line(tiny_model_dir, untied_model_dir, tmp_pat
     assert code == 1 and message in err and err.count("\n") == 1, err
 
 
-def test_join_batches_repads_and_own_rows_slices_back(tiny_model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    from tests.test_policy_trainer import _trajectories
-
-    batch = collate_trajectories(_trajectories(tokenizer), [1.0, 0.0, 1.0, 0.0], pad_id=tokenizer.pad_token_id)
-    shares = [batch.select([0, 1]), batch.select([3, 2])]
-    assert shares[0].prompt_length != shares[1].prompt_length  # different trimming: re-padding is exercised
-    joined = join_batches(shares)
-    for row, original in enumerate([0, 1, 3, 2]):
-        keep = joined.attention_mask[row].bool()
-        real = batch.attention_mask[original].bool()
-        assert joined.input_ids[row][keep].tolist() == batch.input_ids[original][real].tolist()
-        width = int(batch.response_mask[original].sum())
-        assert int(joined.response_mask[row].sum()) == width and joined.uids[row] == batch.uids[original]
-    values = torch.arange(joined.response_mask.numel(), dtype=torch.float32).view_as(joined.response_mask)
-    assert torch.equal(own_rows(values, shares, 1), values[2:4, : shares[1].response_length])
-
-
-# ---- config -----------------------------------------------------------------------------------------
-@pytest.fixture()
 def recipe(tmp_path):
     cfg = OmegaConf.load(RECIPE)
     prompts = tmp_path / "prompts.jsonl"  # validation counts the prompts (a batch at least), it does not parse them
@@ -267,10 +246,11 @@ def test_gpt_model_builds_loads_hf_weights_and_matches_hf_logits(untied_model_di
 
 
 def test_megatron_trainer_update_matches_the_fsdp_trainer(untied_model_dir, tmp_path):
-    """Tensor parallel 2 (rows split over the two ranks, as the runner sends them) vs one HF process."""
+    """Tensor parallel 2 (both ranks get the whole batch, as the runner sends it) vs one HF process."""
     from rlinf_search.algorithms import compute_advantages
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig
     from rlinf_search.workers.actor.megatron.config import MegatronConfig
+    from rlinf_search.workers.actor.logprobs import place_rows
     from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
     from tests.megatron_ranks import train_one_step
     from tests.test_policy_trainer import _trajectories
@@ -285,7 +265,7 @@ def test_megatron_trainer_update_matches_the_fsdp_trainer(untied_model_dir, tmp_
     optim = OptimConfig(lr=1.0, adam_eps=1.0, weight_decay=0.0, clip_grad=0.5)
     config = ActorConfig(model_path=str(untied_model_dir), optim=optim)
     fsdp = PolicyTrainer(config)
-    batch.old_logprobs = fsdp.compute_logprobs(batch)
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [fsdp.compute_logprobs(batch)])
     expected = fsdp.train_on_batch(batch)
     megatron_config = replace(config, training_backend="megatron",
                               megatron=MegatronConfig(tensor_model_parallel_size=2))
@@ -293,7 +273,7 @@ def test_megatron_trainer_update_matches_the_fsdp_trainer(untied_model_dir, tmp_
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
     _spawn(train_one_step, 2, str(untied_model_dir), str(tmp_path))
     ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
-    for result in ranks:  # old log-probs of this rank's own rows, scored by the joined TP group
+    for result in ranks:  # both ranks of the TP group score every row (one data-parallel rank)
         rows = result["rows"]
         torch.testing.assert_close(result["old"], batch.old_logprobs[rows, : result["old"].shape[1]], atol=1e-5, rtol=0)
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):

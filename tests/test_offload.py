@@ -17,6 +17,7 @@ from rlinf_search.config import validate_cfg
 from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig
+from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
 from rlinf_search.workers.offload import OffloadConfig, Offloader
 from tests.conftest import HOTPOT_DIR
@@ -32,7 +33,7 @@ def _batch(trainer: PolicyTrainer, tokenizer):
             trajectories.append(Trajectory(uid=uid, prompt_ids=tokenizer.encode(question), response_ids=ids,
                                            response_mask=[1] * len(ids), rollout_logprobs=[0.0] * len(ids)))
     batch = collate_trajectories(trajectories, [1.0, 0.0, 0.0, 1.0], pad_id=tokenizer.pad_token_id)
-    batch.old_logprobs = trainer.compute_logprobs(batch)
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [trainer.compute_logprobs(batch)])
     batch.advantages = compute_advantages("grpo", rewards=batch.rewards, response_mask=batch.response_mask,
                                           uids=batch.uids).advantages
     return batch

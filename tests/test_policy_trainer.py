@@ -9,6 +9,7 @@ from rlinf_search.algorithms import compute_advantages
 from rlinf_search.data.batch import collate_trajectories, split_by_token_budget
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer, lr_lambda
 
 
@@ -28,11 +29,16 @@ def _trajectories(tokenizer) -> list[Trajectory]:
     return out
 
 
+def _logprobs(trainer, batch) -> torch.Tensor:
+    """``[B, T]`` log-probs of the whole batch from a trainer's (rows, values) share (one process: every row)."""
+    return place_rows(tuple(batch.response_mask.shape), [trainer.compute_logprobs(batch)])
+
+
 def _prepared_batch(trainer, tokenizer):
     trajs = _trajectories(tokenizer)
     rewards = [1.0, 0.0, 1.0, 0.0]
     batch = collate_trajectories(trajs, rewards, pad_id=tokenizer.pad_token_id)
-    batch.old_logprobs = trainer.compute_logprobs(batch)
+    batch.old_logprobs = _logprobs(trainer, batch)
     batch.advantages = compute_advantages("grpo", rewards=batch.rewards, response_mask=batch.response_mask,
                                           uids=batch.uids).advantages
     return batch
@@ -60,7 +66,7 @@ def test_logprobs_match_unpadded_forward(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     trajs = _trajectories(tokenizer)
     batch = collate_trajectories(trajs, [0] * 4, pad_id=tokenizer.pad_token_id)
-    batched = trainer.compute_logprobs(batch)
+    batched = _logprobs(trainer, batch)
     for row, traj in enumerate(trajs):
         with torch.no_grad():
             logits = trainer.model(torch.tensor([traj.prompt_ids + traj.response_ids])).logits[0].float()
@@ -94,7 +100,7 @@ def test_updates_move_probability_towards_rewarded_answers(tiny_model_dir):
     before = batch.old_logprobs
     for _ in range(3):
         metrics = trainer.train_on_batch(batch)
-    after = trainer.compute_logprobs(batch)
+    after = _logprobs(trainer, batch)
     # Only the answers differ within a group (the search turn is shared, its advantages cancel):
     # measure the answer tokens, those after the observation.
     after_observation = (batch.response_mask == 0).long().cumsum(dim=1) > 0

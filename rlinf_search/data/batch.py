@@ -7,9 +7,6 @@ right-padded to its longest response ``T``; ``input_ids`` is ``[B, P + T]``. The
 
 from __future__ import annotations
 
-import math
-import random
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 import torch
@@ -114,44 +111,27 @@ def collate_trajectories(trajectories: list[Trajectory], rewards: list[float], p
 
 
 def split_by_token_budget(batch: RolloutBatch, max_tokens: int | None) -> list[list[int]]:
-    """Row groups whose real tokens fit ``max_tokens`` each (a row longer than the budget goes alone).
+    """Row groups of the whole batch whose real tokens fit ``max_tokens`` each (see ``pack_rows_by_budget``)."""
+    return pack_rows_by_budget(list(range(len(batch))), batch.token_counts().tolist(), max_tokens)
 
-    Rows are packed longest first (first-fit decreasing), so micro-batches are few and similar in
-    length; ``None`` keeps the whole batch together.
+
+def pack_rows_by_budget(rows: list[int], tokens: list[int], max_tokens: int | None) -> list[list[int]]:
+    """``rows`` in groups whose ``tokens`` fit ``max_tokens`` each (a row longer than the budget goes alone).
+
+    Rows are packed longest first (first-fit decreasing), so groups are few and similar in length;
+    ``None`` keeps all rows together.
     """
     if max_tokens is None:
-        return [list(range(len(batch)))]
-    counts = batch.token_counts().tolist()
+        return [sorted(rows)] if rows else []
     groups: list[list[int]] = []
     loads: list[int] = []
-    for row in sorted(range(len(counts)), key=lambda i: -counts[i]):
+    for row in sorted(rows, key=lambda i: (-tokens[i], i)):
         for g, load in enumerate(loads):
-            if load + counts[row] <= max_tokens:
+            if load + tokens[row] <= max_tokens:
                 groups[g].append(row)
-                loads[g] += counts[row]
+                loads[g] += tokens[row]
                 break
         else:
             groups.append([row])
-            loads.append(counts[row])
+            loads.append(tokens[row])
     return [sorted(g) for g in groups]
-
-
-def split_evenly(rows: list[int], parts: int) -> list[list[int]]:
-    """``rows`` cut into ``parts`` consecutive chunks of near-equal size (mini-batches)."""
-    size = math.ceil(len(rows) / parts)
-    return [rows[i: i + size] for i in range(0, len(rows), size)]
-
-
-def run_minibatches(batch: RolloutBatch, step: Callable[[RolloutBatch], dict[str, float]], *, epochs: int,
-                    n_minibatches: int, rng: random.Random | None) -> dict[str, float]:
-    """``epochs`` passes of ``step`` over ``n_minibatches`` mini-batches of ``batch`` (rows reshuffled each
-    epoch by ``rng``; None keeps rollout order); returns each metric's mean over all steps. The actor and
-    the critic update through this, so both see the same mini-batches."""
-    history: list[dict[str, float]] = []
-    for _ in range(epochs):
-        rows = list(range(len(batch)))
-        if rng is not None:
-            rng.shuffle(rows)
-        for minibatch_rows in split_evenly(rows, n_minibatches):
-            history.append(step(batch.select(sorted(minibatch_rows))))
-    return {key: sum(h[key] for h in history) / len(history) for key in history[0]}

@@ -72,7 +72,8 @@ def _json_default(value):
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-def _staging(ckpt_dir: Path, step: int) -> Path:
+def staging_folder(ckpt_dir: Path, step: int) -> Path:
+    """Where checkpoint ``step`` is written before it is sealed."""
     return Path(ckpt_dir) / f"global_step_{step}.tmp"
 
 
@@ -80,7 +81,7 @@ def begin_checkpoint(ckpt_dir: Path, step: int) -> Path:
     """An empty staging folder for checkpoint ``step``. Parts written by other groups (the critic's
     ``critic/``) go in it before ``save_checkpoint(..., begun=True)`` seals it, so the checkpoint
     appears whole or not at all."""
-    staging = _staging(ckpt_dir, step)
+    staging = staging_folder(ckpt_dir, step)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     return staging
@@ -93,7 +94,7 @@ def save_checkpoint(ckpt_dir: Path, state: RunnerState, *, model, tokenizer, tra
     ``begun``: ``begin_checkpoint`` made the staging folder and other parts may be in it already.
     """
     final = Path(ckpt_dir) / f"global_step_{state.global_step}"
-    staging = _staging(ckpt_dir, state.global_step)
+    staging = staging_folder(ckpt_dir, state.global_step)
     if not begun:
         begin_checkpoint(ckpt_dir, state.global_step)
     elif not staging.is_dir():

@@ -41,6 +41,7 @@ from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.rollout_dump import dump_row, spread, write_dump
 from rlinf_search.scheduler import WeightSync, WorkerGroup, wait_all
+from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
 
 log = logging.getLogger(__name__)
@@ -183,20 +184,12 @@ class SearchR1Runner:
     def _score(self, trajectories: list[Trajectory]) -> list[dict[str, float]]:
         return self.groups.reward.call("score", trajectories).wait()[0]
 
-    @staticmethod
-    def _launch_shards(group: WorkerGroup, method: str, batch: RolloutBatch) -> list:
-        """Start ``method`` on every rank of ``group`` with its share of the rows; the calls to wait on."""
-        rows = shard(list(range(len(batch))), group.world_size)
-        return [group.call_on(rank, method, batch.select(part)) for rank, part in enumerate(rows)]
-
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
         """``[B, T]`` critic values before this step's update, computed on every model, observation and
-        padding position; GAE reads them on model tokens only (see ``algorithms.advantages.gae``)."""
-        rows = shard(list(range(len(batch))), self.groups.critic.world_size)
-        values = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        for part_rows, part in zip(rows, wait_all(self._launch_shards(self.groups.critic, "compute_values", batch))):
-            values[part_rows, : part.shape[1]] = part
-        return values
+        padding position; GAE reads them on model tokens only (see ``algorithms.advantages.gae``). Every
+        critic rank gets the whole batch and returns its token-balanced share of the rows."""
+        shares = self.groups.critic.call("compute_values", batch).wait()
+        return place_rows(tuple(batch.response_mask.shape), shares)
 
     def _advantages(self, batch: RolloutBatch) -> None:
         """Advantages (and, with a critic, values and returns) on ``batch``.
@@ -218,10 +211,12 @@ class SearchR1Runner:
         only the critic trains. Returns the metrics of each group's ranks."""
         critic = self.config.critic
         train_actor = critic is None or self.state.global_step >= critic.warmup_steps
-        actor_calls = self._launch_shards(self.groups.actor, "train", batch) if train_actor else []
-        critic_calls = self._launch_shards(self.groups.critic, "train", batch) if critic is not None else []
+        # Every rank gets the whole batch (put in the object store once) and trains on its share of it.
+        actor_calls = [self.groups.actor.call("train", batch)] if train_actor else []
+        critic_calls = [self.groups.critic.call("train", batch)] if critic is not None else []
         results = wait_all(actor_calls + critic_calls)
-        return results[: len(actor_calls)], results[len(actor_calls):]
+        actor_metrics = results[0] if train_actor else []
+        return actor_metrics, results[-1] if critic is not None else []
 
     def _logprobs(self, batch: RolloutBatch) -> None:
         """Old (``recompute_logprobs``, else the engine's) and reference (``kl_beta`` > 0) log-probs;
@@ -229,17 +224,10 @@ class SearchR1Runner:
         recompute, kl = self.config.recompute_logprobs, self.config.actor.loss.kl_beta > 0
         if recompute or kl:
             group = self.groups.inference if self.groups.inference is not None else self.groups.actor
-            rows = shard(list(range(len(batch))), group.world_size)
-            results = wait_all(self._launch_shards(group, "compute_logprobs", batch))
-
-            def merged(parts: list[torch.Tensor]) -> torch.Tensor:
-                out = torch.zeros_like(batch.rollout_logprobs)
-                for part_rows, part in zip(rows, parts):
-                    out[part_rows, : part.shape[1]] = part
-                return out
-
-            batch.old_logprobs = merged([r.old for r in results]) if recompute else None
-            batch.ref_logprobs = merged([r.ref for r in results]) if kl else None
+            results = group.call("compute_logprobs", batch).wait()  # each rank scores its share of the rows
+            shape = tuple(batch.response_mask.shape)
+            batch.old_logprobs = place_rows(shape, [(r.rows, r.old) for r in results]) if recompute else None
+            batch.ref_logprobs = place_rows(shape, [(r.rows, r.ref) for r in results]) if kl else None
         if not recompute:
             batch.old_logprobs = batch.rollout_logprobs.clone()
 

@@ -207,7 +207,8 @@ class WeightSync:
         """Send the sender's ``get_weights()`` to every receiver's ``set_weights(state_dict, version)``."""
         if self.version is not None and version <= self.version:
             raise ValueError(f"weight sync {self._id}: version {version} does not advance past {self.version}")
-        calls = [self._sender.call_on(0, "_weight_sync_send", self._id, version)]
+        # Every sender rank joins: with sharded weights, gathering them is a collective (rank 0 sends).
+        calls = [self._sender.call("_weight_sync_send", self._id, version)]
         calls += [group.call("_weight_sync_receive", self._id) for group in self._receivers]
         results = wait_all(calls, self._timeout_s)
         loaded = {v for versions in results[1:] for v in versions}

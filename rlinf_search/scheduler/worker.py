@@ -74,9 +74,14 @@ class Worker:
                                 timeout=timedelta(seconds=timeout_s))
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """Sender hook for ``WeightSync``: the full state dict to send (called on rank 0 only;
-        with sharded training, gather the full dict here)."""
+        """Sender hook for ``WeightSync``: the full state dict to send. Called on rank 0, and on every rank
+        when ``weights_need_every_rank()`` (sharded weights are gathered by a collective)."""
         raise NotImplementedError(f"{type(self).__name__} sends weights: implement get_weights()")
+
+    def weights_need_every_rank(self) -> bool:
+        """Sender hook: True when ``get_weights`` is a collective (FSDP's gather), so every rank of the
+        sending group must call it at each sync; rank 0 sends what it returns."""
+        return False
 
     def set_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Receiver hook for ``WeightSync``: load ``state_dict``, the sender's weights at ``version``.
@@ -90,7 +95,12 @@ class Worker:
         self._transports()[sync_id] = spec.open()
 
     def _weight_sync_send(self, sync_id: str, version: int) -> None:
-        self._transports()[sync_id].send(self.get_weights(), version)
+        transport = self._transports().get(sync_id)  # rank 0 only
+        if transport is None and not self.weights_need_every_rank():
+            return
+        weights = self.get_weights()
+        if transport is not None:
+            transport.send(weights, version)
 
     def _weight_sync_receive(self, sync_id: str) -> int:
         state_dict, version = self._transports()[sync_id].receive()

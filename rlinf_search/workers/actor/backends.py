@@ -33,7 +33,8 @@ class TrainingBackend:
 
 
 TRAINING_BACKENDS: dict[str, TrainingBackend] = {
-    "fsdp": TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:PolicyTrainer"),
+    "fsdp": TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:FSDPPolicyTrainer"),
+    "ddp": TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:PolicyTrainer"),
     "megatron": TrainingBackend(
         trainer="rlinf_search.workers.actor.megatron.trainer:MegatronPolicyTrainer", needs_cuda=True,
         requires=("megatron.core",), install_hint="pip install -e '.[megatron]' (megatron-core)"),
@@ -58,7 +59,7 @@ def require_training_backend(config: ActorConfig, *, device_kind: str, actor_ran
                                  f"{backend.install_hint}")
     if backend.needs_cuda and device_kind != "cuda":
         raise BackendUnavailable(f"actor.training_backend {name} runs on GPUs only and this cluster has none; "
-                                 "use actor.training_backend: fsdp on CPU")
+                                 "use actor.training_backend: fsdp or ddp on CPU")
     tensor_parallel = config.megatron.tensor_model_parallel_size if config.megatron else 1
     if actor_ranks % tensor_parallel:
         raise BackendUnavailable(f"actor.model.tensor_model_parallel_size {tensor_parallel} must divide the "

@@ -87,15 +87,27 @@ class ActorConfig:
     max_tokens_per_mbs: int | None = None
     """Token budget of a micro-batch (gradient accumulation); None = one micro-batch per mini-batch."""
     dtype: str = "float32"
-    """Training precision of the parameters: ``float32`` or ``bfloat16``."""
+    """``actor.model.precision``: compute precision, ``float32`` or ``bfloat16``. Parameters, gradients and
+    optimizer state are fp32 either way (bf16 compute over fp32 master weights)."""
+    gradient_checkpointing: bool = False
+    """``actor.model.enable_gradient_checkpointing``: recompute each layer's activations in backward."""
+    pack_sequences: bool = True
+    """``actor.model.use_remove_padding``: a micro-batch's rows go through the model as one packed sequence
+    (position ids restart per row), so no padding token is computed."""
+    logprob_chunk_tokens: int = 1024
+    """``actor.model.logprob_chunk_size``: response tokens per LM-head chunk when computing log-probs."""
+    fsdp_cpu_offload: bool = False
+    """``actor.fsdp_config.cpu_offload``: FSDP2 keeps parameter and optimizer shards in CPU memory and
+    moves each layer to the GPU for its compute (for GPUs too small for the shards)."""
     seed: int = 0
     """Seed for mini-batch shuffling."""
     shuffle_rollout: bool = True
     """``algorithm.shuffle_rollout``: shuffle the batch's rows before each epoch cuts it into mini-batches;
     false keeps rollout order (a prompt's group stays in one mini-batch where the sizes allow)."""
     training_backend: str = "fsdp"
-    """``actor.training_backend``: ``fsdp`` (a HF model, data parallel; CPU or GPU) or ``megatron``
-    (megatron-core, tensor parallel; GPUs only). See ``workers/actor/backends.py``."""
+    """``actor.training_backend``: ``fsdp`` (FSDP2: parameters, gradients and optimizer state sharded over
+    the ranks), ``ddp`` (a whole copy per rank) or ``megatron`` (megatron-core, tensor parallel; GPUs only).
+    See ``workers/actor/backends.py``."""
     megatron: MegatronConfig | None = None
     """The Megatron backend's parallel/recompute settings; None for ``fsdp``."""
     forward_micro_batch_size: int | None = None

@@ -1,68 +1,65 @@
-"""Log-probs (and entropy) of response tokens under a causal LM, batch after batch.
+"""Forward-only scoring of a batch's response tokens on one data-parallel rank (old and reference log-probs).
 
-Shared by the actor (current and old policy) and the inference worker (old and reference policy),
-so every component scores tokens the same way the engine sampled them: log_softmax(logits / T).
+Shared by the actor (current and reference policy) and the inference worker, so every component
+scores tokens the same way the engine sampled them: ``log_softmax(logits / T)``. Each rank scores its
+token-balanced share of the whole batch, in as many passes as the busiest rank (``data.rank_plan``):
+a sharded model gathers its layers in every pass, so the ranks' pass counts must agree.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
-from rlinf_search.algorithms import entropy_from_logits
-from rlinf_search.data.batch import RolloutBatch, split_by_token_budget
+from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.data.rank_plan import padding_row, plan_passes
+from rlinf_search.workers.actor.token_scoring import layout_batch, to_device
 
 
 @dataclass
 class ForwardLogprobs:
-    """What a log-prob pass (the actor's own, or the InferenceGroup's) returns for its rows."""
+    """What a log-prob pass (the actor's own, or the InferenceGroup's) returns for one rank's rows."""
 
+    rows: list[int]
+    """The batch rows this rank scored (its share; the driver merges the ranks' shares)."""
     old: torch.Tensor | None
-    """[rows, T] log-probs under the current policy, the "old" policy of the coming update; None
+    """[len(rows), T] log-probs under the current policy, the "old" policy of the coming update; None
     unless ``algorithm.recompute_logprobs``."""
     ref: torch.Tensor | None
-    """[rows, T] log-probs under the frozen reference model; None unless ``algorithm.kl_beta`` > 0."""
-
-
-def forward_groups(batch: RolloutBatch, *, rows_per_pass: int | None, max_tokens: int | None) -> list[list[int]]:
-    """Row groups of a forward-only pass: ``rows_per_pass`` rows each
-    (``algorithm.logprob_forward_micro_batch_size``), else the token budget. Rows of similar length
-    go together (sorted by real tokens), so little of each pass is padding."""
-    if rows_per_pass is None:
-        return split_by_token_budget(batch, max_tokens)
-    counts = batch.token_counts().tolist()
-    order = sorted(range(len(counts)), key=lambda i: -counts[i])
-    return [sorted(order[i: i + rows_per_pass]) for i in range(0, len(order), rows_per_pass)]
-
-
-def response_logprobs(model: torch.nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[B, T]`` log-probs of the response tokens (and their entropy when asked)."""
-    device = next(model.parameters()).device
-    input_ids, attention = batch.input_ids.to(device), batch.attention_mask.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions).logits
-    p, t = batch.prompt_length, batch.response_length
-    # Position p-1+j predicts response token j.
-    response_logits = logits[:, p - 1: p - 1 + t].float() / temperature
-    logprobs = torch.log_softmax(response_logits, dim=-1)
-    targets = input_ids[:, p: p + t].unsqueeze(-1)
-    token_logprobs = logprobs.gather(-1, targets).squeeze(-1)
-    entropy = entropy_from_logits(response_logits) if with_entropy else None
-    return token_logprobs, entropy
+    """[len(rows), T] log-probs under the frozen reference model; None unless ``algorithm.kl_beta`` > 0."""
 
 
 @torch.no_grad()
-def batched_response_logprobs(model: torch.nn.Module, batch: RolloutBatch, groups: list[list[int]], *,
-                              temperature: float = 1.0) -> torch.Tensor:
-    """``[B, T]`` log-probs of the whole batch, computed micro-batch by micro-batch (``groups`` of rows)."""
+def score_rows(scorer: torch.nn.Module, batch: RolloutBatch, *, rank: int, world_size: int, packed: bool,
+               temperature: float, max_tokens: int | None, rows_per_pass: int | None,
+               device: torch.device | str, autocast=None) -> tuple[list[int], torch.Tensor]:
+    """(this rank's rows, their ``[rows, T]`` log-probs) under ``scorer`` (a ``TokenScorer``, maybe wrapped).
+
+    ``rows_per_pass`` (``algorithm.logprob_forward_micro_batch_size``) fixes the rows of a pass; else
+    passes are packed to ``max_tokens``."""
+    work = plan_passes(batch, list(range(len(batch))), rank=rank, world_size=world_size, max_tokens=max_tokens,
+                       rows_per_pass=rows_per_pass)
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-    was_training = model.training
-    model.eval()
-    for rows in groups:
-        part = batch.select(rows)
-        logprobs, _ = response_logprobs(model, part, temperature=temperature)
-        out[torch.tensor(rows), : part.response_length] = logprobs.float().cpu()
-    model.train(was_training)
+    was_training = scorer.training
+    scorer.eval()
+    for group in work.passes:
+        part = batch.select(group) if group else padding_row(batch)
+        layout = to_device(layout_batch(part, packed=packed), device)
+        with autocast if autocast is not None else contextlib.nullcontext():
+            flat, _ = scorer(layout, temperature=temperature)
+        if group:
+            out[torch.tensor(group), : part.response_length] = layout.to_rows(flat.float()).cpu()
+    scorer.train(was_training)
+    rows = work.rows
+    return rows, out[torch.tensor(rows, dtype=torch.long)] if rows else out[:0]
+
+
+def place_rows(shape: tuple[int, int], shares: list[tuple[list[int], torch.Tensor]]) -> torch.Tensor:
+    """A ``[B, T]`` float32 tensor from ranks' ``(rows, [len(rows), t])`` shares (zeros elsewhere)."""
+    out = torch.zeros(shape, dtype=torch.float32)
+    for rows, values in shares:
+        if rows:
+            out[torch.tensor(rows, dtype=torch.long), : values.shape[1]] = values.float()
     return out

@@ -1,18 +1,20 @@
 """The policy update: PPO epochs and mini-batches over a rollout batch, with gradient accumulation.
 
-Runs in one process, or in each rank of a data-parallel group (DDP over gloo on CPU, nccl on GPU)
-when ``torch.distributed`` is initialised: each rank holds its share of the batch, token counts are
-all-reduced so the loss is the token-mean of the whole mini-batch, not of each rank's share.
+Every data-parallel rank gets the whole batch and trains on its token-balanced share of each mini-batch
+(``data.rank_plan``): all ranks run the same number of passes and optimizer steps, so their collectives
+line up. The loss of each micro-batch is divided by the whole mini-batch's token count (every rank's),
+so the update is the token-mean of the mini-batch whatever the split. Parameters and Adam state are fp32;
+compute is ``actor.model.precision`` (see ``parallel.py``). Backends: ``ddp`` (this class, ``Replicated``),
+``fsdp`` (``FSDPPolicyTrainer``, FSDP2), ``megatron`` (a subclass on megatron-core).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from rlinf_search.algorithms import (
     aggregate_loss,
@@ -23,9 +25,12 @@ from rlinf_search.algorithms import (
     ppo_policy_loss,
     truncated_is_weights,
 )
-from rlinf_search.data.batch import RolloutBatch, run_minibatches, split_by_token_budget
+from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-from rlinf_search.workers.actor.logprobs import batched_response_logprobs, forward_groups, response_logprobs
+from rlinf_search.workers.actor.logprobs import score_rows
+from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
+from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, to_device
 
 
 def lr_lambda(config: OptimConfig):
@@ -44,96 +49,99 @@ def lr_lambda(config: OptimConfig):
     return factor
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_reduce_sum(value: float, *, group=None, device: torch.device | str = "cpu") -> float:
-    """Sum over ``group`` (None: every rank); on the rank's device, since nccl reduces GPU tensors only."""
-    if _world()[1] == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, group=group)
-    return float(tensor)
-
-
-@dataclass
-class _MinibatchTotals:
-    tokens: float
-    sequences: float
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward instead of keeping them (HF models)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 class PolicyTrainer:
-    """Owns the policy model, its optimizer and schedule, and runs PPO updates.
+    """Owns the policy model, its optimizer and schedule, and runs PPO updates (``ddp`` backend).
 
-    The FSDP backend (``actor.training_backend: fsdp``): a HF model, data parallel over every rank.
-    Other backends override ``_build_model``, ``_data_parallel_world`` and ``_clip_gradients``.
+    Subclasses override ``_build_model`` (the trainable LM, fp32, on ``self.device``),
+    ``_data_parallel_world``, ``_parallel`` and ``_clip_gradients``.
     """
+
+    packs_sequences = True
+    """Whether this backend's model takes packed rows (``actor.model.use_remove_padding``)."""
 
     def __init__(self, config: ActorConfig):
         self.config = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
-        self.model = self._build_model(dtype)
+        self.model = self._build_model()
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         self.model.train()
-        self.rank, self.world_size, self.dp_group = self._data_parallel_world()
-        # DDP averages gradients over ranks; the loss below already divides by every rank's tokens.
-        self.module = (torch.nn.parallel.DistributedDataParallel(self.model, process_group=self.dp_group)
-                       if self.world_size > 1 else self.model)
+        self.rank, self.world_size, group = self._data_parallel_world()
+        self.parallel = self._parallel(group)
+        self.scorer = TokenScorer(self.model, chunk_tokens=config.logprob_chunk_tokens)
+        self.module = self.parallel.wrap(self.scorer)
+        self.packed = config.pack_sequences and self.packs_sequences
         o = config.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
+        # After wrapping: FSDP replaces the parameters with their shards, which the optimizer must hold.
+        self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
                                            eps=o.adam_eps, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
         self.global_step = 0
+        # Seeded alike on every rank: all ranks must cut the same mini-batches.
         self._rng = random.Random(config.seed)
 
-    def _build_model(self, dtype: torch.dtype) -> torch.nn.Module:
-        """The trainable policy, on ``self.device``, called like a HF causal LM."""
+    def _build_model(self) -> torch.nn.Module:
+        """The trainable policy in fp32 (the master weights), on ``self.device``."""
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=dtype).to(self.device)
+        return AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=torch.float32).to(self.device)
 
     def _data_parallel_world(self) -> tuple[int, int, object]:
         """(this rank's data-parallel rank, data-parallel size, its process group; None = every rank)."""
-        rank, size = _world()
+        rank, size = world()
         return rank, size, None
+
+    def _parallel(self, group) -> Replicated:
+        return Replicated(compute_dtype=self.config.dtype, group=group)
 
     def _clip_gradients(self) -> torch.Tensor:
         """Clip the global gradient norm to ``optim.clip_grad``; return the norm before clipping."""
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.clip_grad)
+        return self.parallel.clip_gradients(self.scorer.parameters(), self.config.optim.clip_grad)
+
+    @property
+    def gathers_weights_collectively(self) -> bool:
+        """Reading the full weights (weight sync, checkpoints) is a collective every rank must join."""
+        return self.parallel.gathers_collectively
 
     # ---- scoring ----------------------------------------------------------------------------
-    def compute_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B, T]`` log-probs of the batch's responses under the current weights (no gradient)."""
-        groups = forward_groups(batch, rows_per_pass=self.config.forward_micro_batch_size,
-                                max_tokens=self.config.max_tokens_per_mbs)
-        return batched_response_logprobs(self.model, batch, groups, temperature=self.config.loss.temperature)
+    def compute_logprobs(self, batch: RolloutBatch) -> tuple[list[int], torch.Tensor]:
+        """This rank's share of the batch's rows, and their ``[rows, T]`` log-probs under the current
+        weights (no gradient). Every rank runs the same number of passes."""
+        return score_rows(self.module, batch, rank=self.rank, world_size=self.world_size, packed=self.packed,
+                          temperature=self.config.loss.temperature, max_tokens=self.config.max_tokens_per_mbs,
+                          rows_per_pass=self.config.forward_micro_batch_size, device=self.device,
+                          autocast=self.parallel.autocast(self.device))
 
     # ---- training ---------------------------------------------------------------------------
     def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
-        """PPO epochs over ``batch`` (advantages and old log-probs set); returns mean metrics."""
+        """PPO epochs over ``batch`` (the whole batch; advantages and old log-probs set); mean metrics."""
         if batch.advantages is None or batch.old_logprobs is None:
             raise ValueError("train_on_batch needs batch.advantages and batch.old_logprobs")
         if self.config.loss.kl_beta > 0 and batch.ref_logprobs is None:
             raise ValueError("kl_beta > 0 needs batch.ref_logprobs")
-        return run_minibatches(batch, self._optimizer_step, epochs=self.config.ppo_epochs,
-                               n_minibatches=self.config.n_minibatches,
+        return run_minibatches(len(batch), lambda rows: self._optimizer_step(batch, rows),
+                               epochs=self.config.ppo_epochs, n_minibatches=self.config.n_minibatches,
                                rng=self._rng if self.config.shuffle_rollout else None)
 
-    def _optimizer_step(self, minibatch: RolloutBatch) -> dict[str, float]:
-        reduce = {"group": self.dp_group, "device": self.device}
-        totals = _MinibatchTotals(tokens=_all_reduce_sum(float(minibatch.response_mask.sum()), **reduce),
-                                  sequences=_all_reduce_sum(float(len(minibatch)), **reduce))
+    def _optimizer_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
+        work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,
+                           max_tokens=self.config.max_tokens_per_mbs)
+        own_tokens = max(int(batch.response_mask[work.rows].sum()), 1) if work.rows else 1
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for rows in split_by_token_budget(minibatch, self.config.max_tokens_per_mbs):
-            micro = minibatch.select(rows)
-            metrics = self._accumulate(micro, totals)
-            weight = float(micro.response_mask.sum()) / max(totals.tokens / self.world_size, 1.0)
+        for group in work.passes:
+            micro = batch.select(group) if group else padding_row(batch)
+            metrics = self._accumulate(micro, work)
+            if not group:
+                continue  # a padding pass: it only keeps the collectives in step
+            weight = float(micro.response_mask.sum()) / own_tokens
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * weight
+                sums[key] = sums.get(key, 0.0) + (value if key == "actor/pg_loss" else value * weight)
         grad_norm = self._clip_gradients()
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -142,12 +150,17 @@ class PolicyTrainer:
         sums.update({"actor/grad_norm": float(grad_norm), "actor/lr": self.scheduler.get_last_lr()[0]})
         return sums
 
-    def _accumulate(self, micro: RolloutBatch, totals: _MinibatchTotals) -> dict[str, float]:
+    def _accumulate(self, micro: RolloutBatch, work: RankWork) -> dict[str, float]:
         """Forward and backward one micro-batch; its loss is scaled to the whole mini-batch's counts."""
         cfg: PolicyLossConfig = self.config.loss
         mask = micro.response_mask.to(self.device)
-        # Entropy is always measured (a collapsing entropy is the first sign of a dying run).
-        logprobs, entropy = response_logprobs(self.module, micro, temperature=cfg.temperature, with_entropy=True)
+        layout = to_device(layout_batch(micro, packed=self.packed), self.device)
+        with self.parallel.autocast(self.device):
+            # Entropy is always measured (a collapsing entropy is the first sign of a dying run); it
+            # carries a gradient only when it is part of the loss.
+            flat_logprobs, flat_entropy = self.module(layout, temperature=cfg.temperature,
+                                                      entropy_grad=cfg.entropy_bonus > 0)
+        logprobs, entropy = layout.to_rows(flat_logprobs), layout.to_rows(flat_entropy)
         old = micro.old_logprobs.to(self.device)
         policy = ppo_policy_loss(logprobs, old, micro.advantages.to(self.device), response_mask=mask,
                                  clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
@@ -165,8 +178,9 @@ class PolicyTrainer:
         metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
         if cfg.entropy_bonus > 0:
             token_losses = token_losses + entropy_bonus_loss(entropy, cfg.entropy_bonus, response_mask=mask)
-        loss = aggregate_loss(token_losses, mask, cfg.loss_agg_func, global_token_count=totals.tokens,
-                              num_sequences=totals.sequences, norm_constant=cfg.norm_constant)
+        loss = aggregate_loss(token_losses, mask, cfg.loss_agg_func, global_token_count=max(work.tokens, 1),
+                              num_sequences=max(work.sequences, 1), norm_constant=cfg.norm_constant)
+        # Data parallelism averages gradients over ranks; the loss already divides by every rank's tokens.
         (loss * self.world_size).backward()
         metrics["actor/pg_loss"] = loss.item() * self.world_size
         return metrics
@@ -180,22 +194,39 @@ class PolicyTrainer:
         raise ValueError(f"algorithm mismatch correction must be tis or mask, got {cfg.mismatch_correction!r}")
 
     # ---- weights and state ------------------------------------------------------------------
-    @property
-    def checkpoint_model(self):
-        """What a checkpoint's ``hf_model/`` is written from (anything with ``save_pretrained``)."""
-        return self.model
-
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:
-        """Weights for the rollout engine, detached on CPU, names as in the HF model."""
-        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
+        """The policy's full weights in HF names, on CPU, on rank 0 ({} elsewhere). With ``fsdp`` every rank
+        must call it: the shards are gathered."""
+        state = self.parallel.full_state_dict(self.scorer)
+        if state is None:
+            return {}
+        return {name.removeprefix("lm."): tensor for name, tensor in state.items()}
 
-    def training_state(self) -> dict:
-        """Optimizer, schedule, step and RNG: everything beyond the weights that a resume needs."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "global_step": self.global_step, "rng": self._rng.getstate()}
+    def export_hf(self, path: str | Path, state: dict[str, torch.Tensor]) -> None:
+        """Write ``state`` (from ``rollout_state_dict``) as a HF model directory (rank 0)."""
+        self.model.save_pretrained(path, state_dict=state)
 
-    def load_training_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def training_state(self, folder: Path) -> dict:
+        """Optimizer, schedule, step and RNG: what a resume needs beyond the weights. With ``fsdp`` every
+        rank calls it (each writes its optimizer shard into ``folder``); rank 0 saves the dict."""
+        return {**self.parallel.optimizer_state(self.scorer, self.optimizer, folder),
+                "scheduler": self.scheduler.state_dict(), "global_step": self.global_step,
+                "rng": self._rng.getstate()}
+
+    def load_training_state(self, state: dict, folder: Path) -> None:
+        self.parallel.load_optimizer_state(self.scorer, self.optimizer, state, folder)
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = state["global_step"]
         self._rng.setstate(state["rng"])
+
+
+class FSDPPolicyTrainer(PolicyTrainer):
+    """The ``fsdp`` backend: FSDP2 over the actor's ranks (a one-rank group when it has one)."""
+
+    def _parallel(self, group) -> FullySharded:
+        init_single_process_group()
+        return FullySharded(compute_dtype=self.config.dtype, cpu_offload=self.config.fsdp_cpu_offload)
+
+    def _data_parallel_world(self) -> tuple[int, int, object]:
+        init_single_process_group()
+        return (*world(), None)

@@ -1,4 +1,9 @@
-"""A rank of the ActorGroup: the policy trainer, the frozen reference model, checkpoints."""
+"""A rank of the ActorGroup: the policy trainer, the frozen reference model, checkpoints.
+
+Every rank receives the whole batch and works on its token-balanced share (``data.rank_plan``). With
+``fsdp`` the policy and the reference are sharded, so gathering the weights (weight sync, checkpoints)
+is a collective every rank joins; rank 0 then holds the full weights and writes them.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,27 @@ import torch
 
 from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch
-from rlinf_search.runners.checkpoint import HF_SUBDIR, RunnerState, load_checkpoint, save_checkpoint
+from rlinf_search.runners.checkpoint import (
+    HF_SUBDIR,
+    RunnerState,
+    begin_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    staging_folder,
+)
 from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.backends import build_trainer
-from rlinf_search.workers.actor.logprobs import ForwardLogprobs, batched_response_logprobs, forward_groups
+from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
+from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES, FullySharded
+from rlinf_search.workers.actor.token_scoring import TokenScorer
 from rlinf_search.workers.offload import Offloader
 
 
 class ActorWorker(Worker):
-    """Data-parallel policy training: every rank gets its share of the rows of a batch."""
+    """Data-parallel policy training on a share of every batch."""
 
     def __init__(self, config: RunConfig, resume_from: str | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if self.world_size > 1:
             self.init_process_group()
@@ -28,31 +42,43 @@ class ActorWorker(Worker):
         if resume_from:  # weights come from the checkpoint; optimizer state is loaded below
             actor_config = replace(actor_config, model_path=str(Path(resume_from) / HF_SUBDIR))
         self.config = config
-        self.trainer = build_trainer(actor_config)  # actor.training_backend: fsdp or megatron
+        self.trainer = build_trainer(actor_config)  # actor.training_backend: fsdp, ddp or megatron
         self.tokenizer = AutoTokenizer.from_pretrained(actor_config.model_path)
-        self.reference = None
-        if config.actor.loss.kl_beta > 0:
-            # The reference is the starting policy, even after a resume.
-            self.reference = AutoModelForCausalLM.from_pretrained(config.actor.model_path)
-            self.reference = self.reference.to(self.trainer.device).eval()
-            self.reference.requires_grad_(False)
+        # The reference is the starting policy, even after a resume.
+        self.reference = self._reference() if config.actor.loss.kl_beta > 0 else None
         if resume_from:
             _, training_state = load_checkpoint(Path(resume_from))
-            self.trainer.load_training_state(training_state)
+            self.trainer.load_training_state(training_state, Path(resume_from))
         # Between an update and the actor's next phase the engine may need the device (collocated).
+        modules = [self.trainer.model] + ([self.reference] if self.reference is not None else [])
         self.offloader = Offloader(config.actor.offload, optimizer=self.trainer.optimizer, device=self.trainer.device,
-                                   modules=[self.trainer.model] + ([self.reference] if self.reference is not None else []))
+                                   modules=modules)
+
+    def _reference(self) -> torch.nn.Module:
+        """The frozen starting policy in the compute precision (it never trains), sharded like the policy."""
+        from transformers import AutoModelForCausalLM
+
+        dtype = COMPUTE_DTYPES[self.config.actor.dtype]
+        model = AutoModelForCausalLM.from_pretrained(self.config.actor.model_path, dtype=dtype)
+        scorer = TokenScorer(model.to(self.trainer.device).eval(), chunk_tokens=self.config.actor.logprob_chunk_tokens)
+        scorer.requires_grad_(False)
+        if isinstance(self.trainer.parallel, FullySharded):
+            FullySharded(compute_dtype=self.config.actor.dtype).wrap(scorer)
+        return scorer
 
     def compute_logprobs(self, batch: RolloutBatch) -> ForwardLogprobs:
-        """Old-policy (current weights, before this step's update) and reference log-probs, when
-        the placement puts no InferenceGroup apart from the actor."""
+        """Old-policy (current weights, before this step's update) and reference log-probs of this rank's
+        share of ``batch`` (the whole batch), when no InferenceGroup sits apart from the actor."""
         self.offloader.onload()
-        groups = forward_groups(batch, rows_per_pass=self.config.actor.forward_micro_batch_size,
-                                max_tokens=self.config.actor.max_tokens_per_mbs)
-        old = self.trainer.compute_logprobs(batch) if self.config.recompute_logprobs else None
-        ref = (batched_response_logprobs(self.reference, batch, groups, temperature=self.config.actor.loss.temperature)
-               if self.reference is not None else None)
-        return ForwardLogprobs(old=old, ref=ref)
+        rows, old = self.trainer.compute_logprobs(batch) if self.config.recompute_logprobs else (None, None)
+        ref = None
+        if self.reference is not None:
+            actor = self.config.actor
+            rows, ref = score_rows(self.reference, batch, rank=self.trainer.rank, world_size=self.trainer.world_size,
+                                   packed=self.trainer.packed, temperature=actor.loss.temperature,
+                                   max_tokens=actor.max_tokens_per_mbs, rows_per_pass=actor.forward_micro_batch_size,
+                                   device=self.trainer.device)
+        return ForwardLogprobs(rows=rows or [], old=old, ref=ref)
 
     def train(self, batch: RolloutBatch) -> dict[str, float]:
         self.offloader.onload()
@@ -60,13 +86,34 @@ class ActorWorker(Worker):
         self.offloader.offload()  # weight sync and checkpoints read the weights wherever they are
         return metrics
 
+    def weights_need_every_rank(self) -> bool:
+        return self.trainer.gathers_weights_collectively
+
     def get_weights(self) -> dict[str, torch.Tensor]:
         return self.trainer.rollout_state_dict()
 
     def save(self, ckpt_dir: str, state: RunnerState, begun: bool = False) -> str | None:
-        """Rank 0 writes and seals the checkpoint (DDP ranks hold the same weights); ``begun``: the
-        driver staged it with ``begin_checkpoint`` and other groups' parts are already in it."""
+        """Every rank gathers the weights (and, with ``fsdp``, writes its optimizer shard into the staged
+        checkpoint); rank 0 writes the rest and seals it. ``begun``: the driver staged the checkpoint with
+        ``begin_checkpoint`` and other groups' parts are already in it."""
+        if not begun:
+            if self.rank == 0:
+                begin_checkpoint(Path(ckpt_dir), state.global_step)
+            if self.world_size > 1:
+                torch.distributed.barrier()  # the staging folder exists before any rank writes into it
+        weights = self.trainer.rollout_state_dict()
+        training_state = self.trainer.training_state(staging_folder(Path(ckpt_dir), state.global_step))
         if self.rank != 0:
             return None
-        return str(save_checkpoint(Path(ckpt_dir), state, model=self.trainer.checkpoint_model, tokenizer=self.tokenizer,
-                                   training_state=self.trainer.training_state(), begun=begun))
+        return str(save_checkpoint(Path(ckpt_dir), state, model=_Export(self.trainer, weights), tokenizer=self.tokenizer,
+                                   training_state=training_state, begun=True))
+
+
+class _Export:
+    """``save_pretrained`` for a checkpoint: the gathered weights as a HF model directory."""
+
+    def __init__(self, trainer, weights: dict[str, torch.Tensor]):
+        self.trainer, self.weights = trainer, weights
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.trainer.export_hf(path, self.weights)

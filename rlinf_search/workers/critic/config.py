@@ -33,7 +33,14 @@ class CriticConfig:
     max_tokens_per_mbs: int | None = None
     """``runner.max_tokens_per_mbs``: token budget of a micro-batch; None = one micro-batch per mini-batch."""
     dtype: str = "float32"
-    """``critic.model.precision``: ``float32`` or ``bfloat16``."""
+    """``critic.model.precision``: compute precision, ``float32`` or ``bfloat16`` (parameters and optimizer
+    state stay fp32)."""
+    training_backend: str = "fsdp"
+    """The actor's ``actor.training_backend``: ``fsdp`` shards the critic with FSDP2, ``ddp`` replicates it."""
+    gradient_checkpointing: bool = False
+    """The actor's ``actor.model.enable_gradient_checkpointing``."""
+    pack_sequences: bool = True
+    """The actor's ``actor.model.use_remove_padding``."""
     seed: int = 0
     """``data.seed``: value-head initialisation and mini-batch shuffling."""
     shuffle_rollout: bool = True

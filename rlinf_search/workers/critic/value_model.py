@@ -7,18 +7,21 @@ starts a new head; loading a saved value model restores both.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 
 from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.workers.actor.token_scoring import ScoringLayout, layout_batch, to_device
 
 VALUE_HEAD = "value_head.pt"
 """The head's state dict, beside the backbone's files."""
 
 
 class ValueModel(torch.nn.Module):
-    """``forward(input_ids, attention_mask, position_ids) -> [B, L]``: a value per position."""
+    """``forward(layout) -> [K]``: the value at each position of a ``ScoringLayout`` that predicts a
+    response token (the state before that token)."""
 
     def __init__(self, backbone: torch.nn.Module, head: torch.nn.Linear):
         super().__init__()
@@ -47,26 +50,25 @@ class ValueModel(torch.nn.Module):
                 head.bias.zero_()
         return cls(backbone, head)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids).last_hidden_state
-        return self.head(hidden).squeeze(-1)
+    def forward(self, layout: ScoringLayout) -> torch.Tensor:
+        hidden = self.backbone(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                               position_ids=layout.position_ids, use_cache=False).last_hidden_state
+        picked = hidden.reshape(-1, hidden.shape[-1])[layout.predictors]
+        return self.head(picked).squeeze(-1).float()
 
     def save_pretrained(self, path: str | Path) -> None:
         self.backbone.save_pretrained(path)
         torch.save(self.head.state_dict(), Path(path) / VALUE_HEAD)
 
 
-def response_values(model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-    """``[B, T]`` float32: the value of the state before each response token.
+def response_values(model: torch.nn.Module, batch: RolloutBatch, *, packed: bool = True, autocast=None) -> torch.Tensor:
+    """``[B, T]`` float32: the value of the state before each response token (0 on padding).
 
-    Aligned like the log-probs: position ``P - 1 + j`` has seen the prompt and response tokens before
-    ``j`` (observations included), and is where token ``j`` is chosen, so its value is ``V_j`` in GAE.
-    """
+    Aligned like the log-probs: the position before response token ``j`` has seen the prompt and the
+    response tokens before ``j`` (observations included), and is where token ``j`` is chosen, so its value
+    is ``V_j`` in GAE. ``model`` is a ``ValueModel``, maybe wrapped for data parallelism."""
     device = next(model.parameters()).device
-    input_ids, attention = batch.input_ids.to(device), batch.attention_mask.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    values = model(input_ids=input_ids, attention_mask=attention, position_ids=positions)
-    p, t = batch.prompt_length, batch.response_length
-    return values[:, p - 1: p - 1 + t].float()
+    layout = to_device(layout_batch(batch, packed=packed), device)
+    with autocast if autocast is not None else contextlib.nullcontext():
+        values = model(layout)
+    return layout.to_rows(values.float())

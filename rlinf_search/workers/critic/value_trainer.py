@@ -1,8 +1,10 @@
 """The critic update: PPO epochs and mini-batches of the clipped value loss, with gradient accumulation.
 
-Same batching as the policy update (``PolicyTrainer``): mini-batches over shuffled rows, micro-batches
-packed by a token budget, the loss of each micro-batch divided by the whole mini-batch's token (or
-sequence) count across data-parallel ranks, DDP over the group's process group when it has several.
+Same batching and parallelism as the policy update (``PolicyTrainer``): every rank gets the whole batch
+and trains on its token-balanced share of each mini-batch in as many passes as the busiest rank
+(``data.rank_plan``), the loss of each micro-batch divided by the whole mini-batch's token (or sequence)
+count; the actor's backend decides how the model is spread (``fsdp``: FSDP2, else DDP); fp32 parameters
+and optimizer state, compute in ``critic.model.precision``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from pathlib import Path
 import torch
 
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, masked_mean
-from rlinf_search.data.batch import RolloutBatch, run_minibatches, split_by_token_budget
+from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
 from rlinf_search.runners.checkpoint import HF_SUBDIR, TRAINING_STATE
-from rlinf_search.workers.actor.policy_trainer import _all_reduce_sum, _world, lr_lambda
+from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
+from rlinf_search.workers.actor.policy_trainer import enable_gradient_checkpointing, lr_lambda
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.critic.value_model import VALUE_HEAD, ValueModel, response_values
 
@@ -51,13 +55,17 @@ class ValueTrainer:
     def __init__(self, config: CriticConfig):
         self.config = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
-        self.model = ValueModel.from_pretrained(config.model_path, dtype=dtype, seed=config.seed).to(self.device)
+        self.model = ValueModel.from_pretrained(config.model_path, dtype=torch.float32, seed=config.seed).to(self.device)
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model.backbone)
         self.model.train()
-        self.rank, self.world_size = _world()
-        # DDP averages gradients over ranks; the loss below already divides by every rank's tokens.
-        self.module = (torch.nn.parallel.DistributedDataParallel(self.model) if self.world_size > 1
-                       else self.model)
+        if config.training_backend == "fsdp":
+            init_single_process_group()
+            self.parallel: Replicated = FullySharded(compute_dtype=config.dtype)
+        else:
+            self.parallel = Replicated(compute_dtype=config.dtype)
+        self.rank, self.world_size = world()
+        self.module = self.parallel.wrap(self.model)
         o = config.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
                                            eps=o.adam_eps, weight_decay=o.weight_decay)
@@ -73,50 +81,46 @@ class ValueTrainer:
             raise FileNotFoundError(f"{folder}: no saved critic (the checkpoint was written by a run without "
                                     "critic.use_critic_model); resume from a PPO checkpoint or start a fresh run")
         trainer = cls(replace(config, model_path=str(folder / HF_SUBDIR)))
-        trainer.load_training_state(torch.load(folder / TRAINING_STATE, map_location="cpu", weights_only=False))
+        trainer.load_training_state(torch.load(folder / TRAINING_STATE, map_location="cpu", weights_only=False), folder)
         return trainer
 
     @torch.no_grad()
-    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B, T]`` values of the batch under the current weights, micro-batch by micro-batch."""
+    def compute_values(self, batch: RolloutBatch) -> tuple[list[int], torch.Tensor]:
+        """This rank's share of the rows and their ``[rows, T]`` values under the current weights."""
+        work = plan_passes(batch, list(range(len(batch))), rank=self.rank, world_size=self.world_size,
+                           max_tokens=self.config.max_tokens_per_mbs)
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        self.model.eval()
-        for rows in split_by_token_budget(batch, self.config.max_tokens_per_mbs):
-            part = batch.select(rows)
-            out[torch.tensor(rows), : part.response_length] = response_values(self.model, part).cpu()
-        self.model.train()
-        return out
+        self.module.eval()
+        for group in work.passes:
+            part = batch.select(group) if group else padding_row(batch)
+            values = response_values(self.module, part, packed=self.config.pack_sequences,
+                                     autocast=self.parallel.autocast(self.device)).cpu()
+            if group:
+                out[torch.tensor(group), : part.response_length] = values
+        self.module.train()
+        rows = work.rows
+        return rows, out[torch.tensor(rows, dtype=torch.long)] if rows else out[:0]
 
     def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
-        """Epochs x mini-batches of the clipped value loss; needs ``batch.values`` (rollout-time) and ``returns``."""
+        """Epochs x mini-batches of the clipped value loss over the whole batch; needs ``batch.values``
+        (rollout-time) and ``returns``."""
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic update needs batch.values (at rollout time) and batch.returns (from GAE)")
-        return run_minibatches(batch, self._optimizer_step, epochs=self.config.ppo_epochs,
-                               n_minibatches=self.config.n_minibatches,
+        return run_minibatches(len(batch), lambda rows: self._optimizer_step(batch, rows),
+                               epochs=self.config.ppo_epochs, n_minibatches=self.config.n_minibatches,
                                rng=self._rng if self.config.shuffle_rollout else None)
 
-    def _optimizer_step(self, minibatch: RolloutBatch) -> dict[str, float]:
-        tokens = _all_reduce_sum(float(minibatch.response_mask.sum()), device=self.device)
-        sequences = _all_reduce_sum(float(len(minibatch)), device=self.device)
-        local_tokens = max(float(minibatch.response_mask.sum()), 1.0)
+    def _optimizer_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
+        work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,
+                           max_tokens=self.config.max_tokens_per_mbs)
+        local_tokens = max(int(batch.response_mask[work.rows].sum()), 1) if work.rows else 1
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {"critic/value_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/vpred_mean": 0.0}
-        for rows in split_by_token_budget(minibatch, self.config.max_tokens_per_mbs):
-            micro = minibatch.select(rows)
-            mask = micro.response_mask.to(self.device)
-            predicted = response_values(self.module, micro)
-            out = clipped_value_loss(predicted, micro.values.to(self.device), micro.returns.to(self.device),
-                                     response_mask=mask, cliprange_value=self.config.value_clip)
-            loss = aggregate_loss(out.token_losses, mask, self.config.loss_agg_func, global_token_count=tokens,
-                                  num_sequences=sequences, norm_constant=self.config.norm_constant)
-            (loss * self.world_size).backward()
-            # The loss adds up over micro-batches (each divides by the whole mini-batch's count); the
-            # per-token means are weighted by the micro-batch's share of this rank's tokens.
-            share = float(mask.sum()) / local_tokens
-            metrics["critic/value_loss"] += loss.item() * self.world_size
-            metrics["critic/vf_clipfrac"] += float(out.clip_fraction) * share
-            metrics["critic/vpred_mean"] += float(masked_mean(predicted.detach(), mask)) * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.clip_grad)
+        for group in work.passes:
+            micro = batch.select(group) if group else padding_row(batch)
+            self._accumulate(micro, work, metrics, share=float(micro.response_mask.sum()) / local_tokens,
+                             record=bool(group))
+        grad_norm = self.parallel.clip_gradients(self.model.parameters(), self.config.optim.clip_grad)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
@@ -124,20 +128,47 @@ class ValueTrainer:
         metrics.update({"critic/grad_norm": float(grad_norm), "critic/lr": self.scheduler.get_last_lr()[0]})
         return metrics
 
-    # ---- state ------------------------------------------------------------------------------
-    def training_state(self) -> dict:
-        """Optimizer, schedule, step and RNG: everything beyond the weights that a resume needs."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "global_step": self.global_step, "rng": self._rng.getstate()}
+    def _accumulate(self, micro: RolloutBatch, work: RankWork, metrics: dict[str, float], *, share: float,
+                    record: bool) -> None:
+        mask = micro.response_mask.to(self.device)
+        predicted = response_values(self.module, micro, packed=self.config.pack_sequences,
+                                    autocast=self.parallel.autocast(self.device))
+        out = clipped_value_loss(predicted, micro.values.to(self.device), micro.returns.to(self.device),
+                                 response_mask=mask, cliprange_value=self.config.value_clip)
+        loss = aggregate_loss(out.token_losses, mask, self.config.loss_agg_func, global_token_count=max(work.tokens, 1),
+                              num_sequences=max(work.sequences, 1), norm_constant=self.config.norm_constant)
+        (loss * self.world_size).backward()
+        if not record:
+            return  # a padding pass: it only keeps the collectives in step
+        # The loss adds up over micro-batches (each divides by the whole mini-batch's count); the
+        # per-token means are weighted by the micro-batch's share of this rank's tokens.
+        metrics["critic/value_loss"] += loss.item() * self.world_size
+        metrics["critic/vf_clipfrac"] += float(out.clip_fraction) * share
+        metrics["critic/vpred_mean"] += float(masked_mean(predicted.detach(), mask)) * share
 
-    def load_training_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    # ---- state ------------------------------------------------------------------------------
+    def training_state(self, folder: Path) -> dict:
+        """Optimizer, schedule, step and RNG: everything beyond the weights that a resume needs (with
+        ``fsdp`` every rank calls it and writes its optimizer shard into ``folder``)."""
+        return {**self.parallel.optimizer_state(self.model, self.optimizer, folder),
+                "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "rng": self._rng.getstate()}
+
+    def load_training_state(self, state: dict, folder: Path) -> None:
+        self.parallel.load_optimizer_state(self.model, self.optimizer, state, folder)
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = state["global_step"]
         self._rng.setstate(state["rng"])
 
     def save(self, folder: Path) -> None:
-        """``folder/hf_model`` (backbone + ``value_head.pt``) and ``folder/training_state.pt``."""
+        """``folder/hf_model`` (backbone + ``value_head.pt``) and ``folder/training_state.pt``. Every rank
+        calls it (the weights are gathered, with ``fsdp`` the optimizer shards written); rank 0 writes."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(folder / HF_SUBDIR)
-        torch.save(self.training_state(), folder / TRAINING_STATE)
+        weights = self.parallel.full_state_dict(self.model)
+        state = self.training_state(folder)
+        if self.rank != 0:
+            return
+        self.model.backbone.save_pretrained(folder / HF_SUBDIR, state_dict={
+            name.removeprefix("backbone."): tensor for name, tensor in weights.items() if name.startswith("backbone.")})
+        torch.save({name.removeprefix("head."): tensor for name, tensor in weights.items() if name.startswith("head.")},
+                   folder / HF_SUBDIR / VALUE_HEAD)
+        torch.save(state, folder / TRAINING_STATE)

@@ -15,7 +15,7 @@ from rlinf_search.workers.offload import Offloader
 
 
 class CriticWorker(Worker):
-    """Data-parallel value training: every rank gets its share of the rows of a batch.
+    """Data-parallel value training: every rank gets the whole batch and works on its share of the rows.
 
     ``resume_from`` is a checkpoint folder; the critic's weights and optimizer come from its ``critic/``.
     """
@@ -33,8 +33,9 @@ class CriticWorker(Worker):
         self.offloader = Offloader(config.actor.offload, modules=[self.trainer.model], optimizer=self.trainer.optimizer,
                                    device=self.trainer.device)
 
-    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B, T]`` values of this rank's rows under the current weights (before this step's update)."""
+    def compute_values(self, batch: RolloutBatch) -> tuple[list[int], torch.Tensor]:
+        """This rank's share of ``batch`` (the whole batch): its rows and their values under the current
+        weights (before this step's update)."""
         self.offloader.onload()
         return self.trainer.compute_values(batch)
 
@@ -45,6 +46,6 @@ class CriticWorker(Worker):
         return metrics
 
     def save(self, folder: str) -> None:
-        """Rank 0 writes the critic into ``folder`` (the ``critic/`` of a checkpoint being staged)."""
-        if self.rank == 0:
-            self.trainer.save(Path(folder))
+        """The critic into ``folder`` (the ``critic/`` of a checkpoint being staged); every rank joins the
+        gather, rank 0 writes."""
+        self.trainer.save(Path(folder))

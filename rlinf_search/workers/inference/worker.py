@@ -13,11 +13,14 @@ import torch
 from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.scheduler import Worker
-from rlinf_search.workers.actor.logprobs import ForwardLogprobs, batched_response_logprobs, forward_groups
+from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
+from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
+from rlinf_search.workers.actor.token_scoring import TokenScorer
 
 
 class InferenceWorker(Worker):
-    """Scores its share of a batch's rows; receives the policy's weights from the actor."""
+    """Scores its token-balanced share of a batch's rows (every rank gets the whole batch); receives the
+    policy's weights from the actor. Each rank holds whole models and runs no collective."""
 
     def __init__(self, config: RunConfig):
         self.config = config
@@ -27,30 +30,39 @@ class InferenceWorker(Worker):
         self.reference = self._load() if config.actor.loss.kl_beta > 0 else None
         self.weight_version = 0
 
-    def _load(self) -> torch.nn.Module:
+    def _load(self) -> TokenScorer:
         from transformers import AutoModelForCausalLM
 
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.config.actor.dtype]
-        model = AutoModelForCausalLM.from_pretrained(self.config.actor.model_path, dtype=dtype)
-        model = model.to(self.device).eval()
-        model.requires_grad_(False)
-        return model
+        # Forward passes only: the compute precision is all it needs (no master weights).
+        model = AutoModelForCausalLM.from_pretrained(self.config.actor.model_path,
+                                                     dtype=COMPUTE_DTYPES[self.config.actor.dtype])
+        scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.config.actor.logprob_chunk_tokens)
+        scorer.requires_grad_(False)
+        return scorer
 
     def compute_logprobs(self, batch: RolloutBatch) -> ForwardLogprobs:
-        """Old-policy (the actor's weights as last synced) and reference log-probs of ``batch``'s rows."""
-        groups = forward_groups(batch, rows_per_pass=self.config.inference.forward_micro_batch_size,
-                                max_tokens=self.config.actor.max_tokens_per_mbs)
-        temperature = self.config.actor.loss.temperature
+        """Old-policy (the actor's weights as last synced) and reference log-probs of this rank's share."""
+        actor = self.config.actor
+        rows: list[int] = []
 
-        def score(model):
-            return batched_response_logprobs(model, batch, groups, temperature=temperature) if model is not None else None
+        def score(scorer):
+            nonlocal rows
+            if scorer is None:
+                return None
+            rows, logprobs = score_rows(scorer, batch, rank=self.rank, world_size=self.world_size,
+                                        packed=actor.pack_sequences, temperature=actor.loss.temperature,
+                                        max_tokens=actor.max_tokens_per_mbs,
+                                        rows_per_pass=self.config.inference.forward_micro_batch_size,
+                                        device=self.device)
+            return logprobs
 
-        return ForwardLogprobs(old=score(self.policy), ref=score(self.reference))
+        old, ref = score(self.policy), score(self.reference)
+        return ForwardLogprobs(rows=rows, old=old, ref=ref)
 
     def set_weights(self, state_dict: dict, version: int) -> None:
         if self.policy is None:
             raise RuntimeError("this InferenceGroup holds no policy copy (algorithm.recompute_logprobs is false); "
                                "it should not be a weight-sync receiver")
         # Tensors from shared memory are read-only views: load_state_dict copies them into the model.
-        self.policy.load_state_dict({name: torch.as_tensor(value) for name, value in state_dict.items()})
+        self.policy.lm.load_state_dict({name: torch.as_tensor(value) for name, value in state_dict.items()})
         self.weight_version = version

@@ -3,8 +3,10 @@
 What differs from ``PolicyTrainer``, and nothing else:
 - the model: a Qwen2 ``GPTModel`` built from the HF config, loaded with the HF weights, wrapped so it
   is called like a HF causal LM (full-vocabulary logits on every tensor-parallel rank);
-- data parallelism runs over Megatron's data-parallel group, and the ranks of a tensor-parallel group
-  first join their row shares (they compute one model together);
+- data parallelism runs over Megatron's data-parallel group: every rank gets the whole batch and the
+  rows are dealt by data-parallel rank, so the ranks of a tensor-parallel group (one model computed
+  together) take the same rows and passes;
+- parameters are fp32 (the master weights) and bf16 compute is autocast, as in ``ddp``;
 - the gradient norm counts tensor-parallel shards once;
 - weights leave in HF names: after every update the data-parallel-rank-0 group gathers its shards,
   so ``rollout_state_dict`` and the HF checkpoint on rank 0 need no collective of their own (the
@@ -35,7 +37,6 @@ from rlinf_search.workers.actor.megatron.model import (
     load_hf_weights,
     read_layout,
 )
-from rlinf_search.workers.actor.megatron.rows import exchange_rows, join_batches, own_rows
 from rlinf_search.workers.actor.megatron.weights import StateDict
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
 
@@ -57,7 +58,11 @@ class MegatronPolicyTrainer(PolicyTrainer):
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
 
     # ---- PolicyTrainer hooks ------------------------------------------------------------------
-    def _build_model(self, dtype: torch.dtype) -> torch.nn.Module:
+    packs_sequences = False  # the GPTModel wrapper takes padded rows with an attention mask
+
+    def _build_model(self) -> torch.nn.Module:
+        # fp32 parameters (the master weights); bf16 compute comes from autocast (Replicated.autocast).
+        dtype = torch.float32
         if not dist.is_initialized():  # one rank: megatron-core still wants a process group
             store = dist.FileStore(tempfile.NamedTemporaryFile(delete=False).name, 1)
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=0,
@@ -93,14 +98,10 @@ class MegatronPolicyTrainer(PolicyTrainer):
                     p.grad.mul_(scale)
         return norm
 
-    # ---- scoring and training over the tensor-parallel group's joined rows -------------------
-    def compute_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        shares = exchange_rows(batch, self.tp_group, self.tp_size)
-        joined = super().compute_logprobs(join_batches(shares))
-        return own_rows(joined, shares, self.tp_rank)
-
+    # ---- training: every rank has the whole batch; a tensor-parallel group shares one data-parallel rank's
+    # rows (``data.rank_plan`` deals rows by data-parallel rank), so its ranks run the same passes --------
     def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
-        metrics = super().train_on_batch(join_batches(exchange_rows(batch, self.tp_group, self.tp_size)))
+        metrics = super().train_on_batch(batch)
         self._refresh_hf_state()
         return metrics
 
@@ -119,16 +120,18 @@ class MegatronPolicyTrainer(PolicyTrainer):
         return self._hf_state
 
     def rollout_state_dict(self) -> StateDict:
+        if self._hf_state is None:
+            return {}  # only global rank 0 holds (and sends) the gathered weights
         state = self.gathered_hf_state()
         if self.layout.tie_word_embeddings:  # model.state_dict() lists the tied head under its own name too
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
         return state
 
-    @property
-    def checkpoint_model(self) -> _HFExport:
-        return _HFExport(self)
+    def export_hf(self, path: str | Path, state: StateDict) -> None:
+        source = self.config.model_path
+        write_hf_model(self.gathered_hf_state(), read_hf_config(source), path, source_dir=source)
 
-    def load_training_state(self, state: dict) -> None:
+    def load_training_state(self, state: dict, folder: Path) -> None:
         # The checkpoint's optimizer state is rank 0's shard (rank 0 writes it): with tensor parallelism
         # the other ranks' moments have other shapes, so they restart rather than load a stranger's.
         if self.tp_size > 1:
@@ -138,15 +141,4 @@ class MegatronPolicyTrainer(PolicyTrainer):
             self.global_step = state["global_step"]
             self._rng.setstate(state["rng"])
             return
-        super().load_training_state(state)
-
-
-class _HFExport:
-    """``save_pretrained`` for the checkpoint: the last gathered weights as a HF model directory."""
-
-    def __init__(self, trainer: MegatronPolicyTrainer):
-        self.trainer = trainer
-
-    def save_pretrained(self, path: str | Path) -> None:
-        source = self.trainer.config.model_path
-        write_hf_model(self.trainer.gathered_hf_state(), read_hf_config(source), path, source_dir=source)
+        super().load_training_state(state, folder)

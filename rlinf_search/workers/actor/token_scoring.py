@@ -1,0 +1,150 @@
+"""Log-probs (and entropy) of response tokens without the whole micro-batch's fp32 logits in memory.
+
+Two things keep activation memory near the model's own:
+
+- **Packing** (``actor.model.use_remove_padding``): a micro-batch's rows are laid end to end in one
+  sequence whose ``position_ids`` restart at 0 for every row, with no attention mask. transformers then
+  builds a block-diagonal causal mask from the position ids (``find_packed_sequence_indices``; flash
+  attention reads them as cumulative lengths), so each row attends only to itself, as when padded, and
+  no padding token is computed.
+- **Chunking** (``actor.model.logprob_chunk_size``): only the hidden states that predict a response token
+  go through the LM head, a chunk of tokens at a time; in training each chunk is checkpointed, so its
+  ``[chunk, vocab]`` fp32 logits exist once, briefly, instead of 3 to 4 full-size copies kept for backward.
+  Entropy gets a gradient only when its loss coefficient is not 0; otherwise it is measured without one.
+
+Every component scores tokens as the engine sampled them: ``log_softmax(logits / T)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from rlinf_search.data.batch import RolloutBatch
+
+DEFAULT_CHUNK_TOKENS = 1024
+"""Response tokens per LM-head chunk: at Qwen2.5's 151,936-token vocabulary a chunk's fp32 logits are
+about 0.6 GB, a small fraction of an 80 GB GPU, and the matmul is still large enough to run at speed."""
+
+
+@dataclass
+class ScoringLayout:
+    """A micro-batch laid out for one forward pass, and where its response tokens are."""
+
+    input_ids: torch.Tensor
+    """[1, N] packed rows, or [B, P + T] padded ones."""
+    position_ids: torch.Tensor
+    """Same shape: positions restarting at 0 for every row."""
+    attention_mask: torch.Tensor | None
+    """[B, P + T] for the padded layout; None when packed (the position ids mark the rows)."""
+    predictors: torch.Tensor
+    """[K] flat indices (into ``input_ids.view(-1)``) of the positions whose output predicts a response token."""
+    targets: torch.Tensor
+    """[K] the response tokens."""
+    rows: torch.Tensor
+    """[K] each target's row in the micro-batch."""
+    cols: torch.Tensor
+    """[K] each target's column in the ``[B, T]`` response tensors."""
+    shape: tuple[int, int]
+    """(B, T) of the micro-batch's response tensors."""
+
+    def to_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """[K] per-target values scattered into a zero ``[B, T]`` tensor (differentiable)."""
+        out = values.new_zeros(self.shape)
+        return out.index_put((self.rows, self.cols), values)
+
+
+def layout_batch(batch: RolloutBatch, *, packed: bool) -> ScoringLayout:
+    """``batch``'s real tokens, packed into one sequence or left padded, and its response targets."""
+    p, t = batch.prompt_length, batch.response_length
+    attention = batch.attention_mask.bool()
+    real_response = attention[:, p: p + t]
+    rows, cols = real_response.nonzero(as_tuple=True)
+    targets = batch.input_ids[:, p: p + t][rows, cols]
+    if not packed:
+        width = batch.input_ids.shape[1]
+        positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return ScoringLayout(batch.input_ids, positions, batch.attention_mask, rows * width + (p - 1) + cols,
+                             targets, rows, cols, (len(batch), t))
+    starts = attention.long().argmax(dim=1)  # first real (prompt) token of each row
+    lengths = attention.sum(dim=1)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    ids = torch.cat([batch.input_ids[i, starts[i]: starts[i] + lengths[i]] for i in range(len(batch))])
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])
+    prompt_lengths = p - starts
+    predictors = offsets[rows] + prompt_lengths[rows] - 1 + cols
+    return ScoringLayout(ids.unsqueeze(0), positions.unsqueeze(0), None, predictors, targets, rows, cols,
+                         (len(batch), t))
+
+
+def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float() / temperature
+    normaliser = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
+
+    def entropy() -> torch.Tensor:
+        return normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+    if entropy_grad:
+        return logprobs, entropy()
+    with torch.no_grad():
+        return logprobs, entropy()
+
+
+def chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float,
+                     chunk_tokens: int, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropy of ``targets`` from their predicting ``hidden`` states ([K, H]), ``chunk_tokens``
+    at a time; with gradients on, each chunk's logits are recomputed in backward instead of kept."""
+    logprobs, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        part, wanted = hidden[start: start + chunk_tokens], targets[start: start + chunk_tokens]
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(_head_chunk, head, part, wanted, temperature, entropy_grad, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(head, part, wanted, temperature, entropy_grad)
+        logprobs.append(lp)
+        entropies.append(ent)
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    return (torch.cat(logprobs) if logprobs else empty), (torch.cat(entropies) if entropies else empty)
+
+
+class TokenScorer(torch.nn.Module):
+    """A causal LM's response-token log-probs and entropy for a ``ScoringLayout``.
+
+    It is the module data parallelism wraps (FSDP's root, or DDP's module): the LM head is used inside its
+    forward, where FSDP has the root's parameters gathered. A model without a separate head
+    (``get_output_embeddings``) is scored from its full logits instead (the Megatron wrapper).
+    """
+
+    def __init__(self, lm: torch.nn.Module, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+        super().__init__()
+        self.lm = lm
+        self.chunk_tokens = chunk_tokens
+        head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+        self._split_head = head is not None and hasattr(lm, "base_model") and lm.base_model is not lm
+
+    def forward(self, layout: ScoringLayout, *, temperature: float = 1.0,
+                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """([K] log-probs, [K] entropy) of the layout's targets, in its order."""
+        device = layout.input_ids.device
+        kwargs = dict(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask)
+        if self._split_head:
+            hidden = self.lm.base_model(**kwargs, use_cache=False).last_hidden_state
+            picked = hidden.reshape(-1, hidden.shape[-1])[layout.predictors.to(device)]
+            return chunked_logprobs(self.lm.get_output_embeddings(), picked, layout.targets.to(device),
+                                    temperature=temperature, chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad)
+        logits = self.lm(**kwargs).logits
+        picked = logits.reshape(-1, logits.shape[-1])[layout.predictors.to(device)]
+        return chunked_logprobs(torch.nn.Identity(), picked, layout.targets.to(device), temperature=temperature,
+                                chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad)
+
+
+def to_device(layout: ScoringLayout, device: torch.device | str) -> ScoringLayout:
+    """The layout's model inputs on ``device`` (index tensors follow when used)."""
+    mask = None if layout.attention_mask is None else layout.attention_mask.to(device)
+    return ScoringLayout(layout.input_ids.to(device), layout.position_ids.to(device), mask,
+                         layout.predictors.to(device), layout.targets.to(device), layout.rows.to(device),
+                         layout.cols.to(device), layout.shape)

@@ -1,0 +1,72 @@
+"""What each spawned rank of the FSDP / DDP tests runs (a module of its own: spawned processes import it)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+
+def _init(rank: int, world_size: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def _gathered_old_logprobs(trainer, batch):
+    """Every rank scores its share; the shares are put together as the driver does."""
+    import torch.distributed as dist
+
+    from rlinf_search.workers.actor.logprobs import place_rows
+
+    share = trainer.compute_logprobs(batch)
+    shares = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, share)
+    return place_rows(tuple(batch.response_mask.shape), shares), share[0]
+
+
+def train_steps(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Old log-probs, one PPO update, the gathered weights; then a checkpoint round trip under the backend."""
+    import torch
+    import torch.distributed as dist
+
+    from rlinf_search.workers.actor.backends import build_trainer
+
+    _init(rank, world_size, port)
+    out = Path(out_dir)
+    config = pickle.loads((out / "config.pkl").read_bytes())
+    batch = pickle.loads((out / "batch.pkl").read_bytes())
+    trainer = build_trainer(config)
+    batch.old_logprobs, rows = _gathered_old_logprobs(trainer, batch)
+    metrics = trainer.train_on_batch(batch)
+    weights = trainer.rollout_state_dict()
+    local_params = {name: (str(p.dtype), tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape))
+                    for name, p in trainer.scorer.named_parameters()}
+    optim_dtypes = {str(v.dtype) for state in trainer.optimizer.state.values() for k, v in state.items()
+                    if k != "step" and torch.is_tensor(v)}
+    # Checkpoint: sharded optimizer, full weights; a new trainer resumes and the next update matches.
+    ckpt = out / "ckpt"
+    if rank == 0:
+        ckpt.mkdir(exist_ok=True)
+    dist.barrier()
+    state = trainer.training_state(ckpt)
+    if rank == 0:
+        trainer.export_hf(ckpt / "hf_model", weights)
+        torch.save(state, ckpt / "training_state.pt")
+    dist.barrier()
+    resumed = build_trainer(replace(config, model_path=str(ckpt / "hf_model")))
+    resumed.load_training_state(torch.load(ckpt / "training_state.pt", weights_only=False), ckpt)
+    after_first = trainer.train_on_batch(batch)
+    after_resume = resumed.train_on_batch(batch)
+    next_weights, resumed_weights = trainer.rollout_state_dict(), resumed.rollout_state_dict()
+    result = {"rows": rows, "metrics": metrics, "weights": weights, "local_params": local_params,
+              "optim_dtypes": optim_dtypes, "next": (after_first, next_weights), "resumed": (after_resume, resumed_weights)}
+    (out / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
