@@ -16,6 +16,7 @@ from rlinf_search.runners.checkpoint import (
     COMPLETE_MARK,
     HF_SUBDIR,
     RunnerState,
+    begin_checkpoint,
     capture_rng,
     latest_checkpoint,
     load_checkpoint,
@@ -33,8 +34,9 @@ def test_save_resume_and_skip_damaged(tmp_path, tiny_model_dir):
     for step in (1, 2, 3):
         trainer.global_step = step
         state = RunnerState(global_step=step, epoch=0, batch_in_epoch=step, rng=capture_rng())
+        staging = begin_checkpoint(tmp_path, step)
         save_checkpoint(tmp_path, state, model=trainer.model, tokenizer=tokenizer,
-                        training_state=trainer.training_state())
+                        training_state=trainer.training_state(staging), begun=True)
     assert latest_checkpoint(tmp_path).name == "global_step_3"
     # A truncated weights file and a checkpoint that never got its completion mark are both skipped.
     weights = next((tmp_path / "global_step_3" / HF_SUBDIR).glob("*.safetensors"))

@@ -156,7 +156,7 @@ def test_shuffle_rollout_decides_the_mini_batches(cfg, shuffle):
         seen = []
         trainer = object.__new__(trainer_cls)  # the update loop only; no model
         trainer.config, trainer._rng = config, random.Random(0)
-        trainer._optimizer_step = lambda minibatch: seen.append(minibatch.rows) or {"loss": 0.0}
+        trainer._optimizer_step = lambda batch, rows: seen.append(batch.select(rows).rows) or {"loss": 0.0}
         trainer.train_on_batch(Rows(list(range(8))))
         assert (seen == [[0, 1, 2, 3], [4, 5, 6, 7]]) is not shuffle, (trainer_cls.__name__, seen)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, compute_advantages
@@ -269,7 +270,7 @@ def test_gae_run_trains_the_critic_and_resumes_it(tmp_path, synth_server, tiny_m
                "critic.optim": {"lr": 1e-4}}
     for dotted, value in changes.items():
         OmegaConf.update(cfg, dotted, value)
-    assert validate_cfg(cfg).actor.n_minibatches == 2  # two ranks (DDP over gloo) in both groups, 2 mini-batches
+    assert validate_cfg(cfg).actor.n_minibatches == 2  # two ranks (FSDP2 over gloo) in both groups, 2 mini-batches
     _train(cfg, tmp_path / "config.yaml")
 
     rows = [json.loads(line) for line in (tmp_path / "run/logs/metrics.jsonl").read_text().splitlines()]
@@ -290,7 +291,10 @@ def test_gae_run_trains_the_critic_and_resumes_it(tmp_path, synth_server, tiny_m
 
     def adam_steps(folder: Path) -> set[int]:
         state = torch.load(folder / TRAINING_STATE, weights_only=False)
-        return {int(s["step"]) for s in state["optimizer"]["state"].values()}
+        assert "optimizer" not in state, "fsdp keeps the optimizer as rank shards, not in training_state.pt"
+        merged = tmp_path / "optimizer.pt"  # the ranks' shards read back as one state dict
+        dcp_to_torch_save(folder / state["optimizer_shards"], merged)
+        return {int(s["step"]) for s in torch.load(merged, weights_only=False)["optimizer"]["state"].values()}
 
     assert adam_steps(step3 / CRITIC_SUBDIR) == {6} and adam_steps(step3) == {4}  # actor skipped step 1
 

@@ -137,6 +137,7 @@ def test_converter_errors_are_one_line(tiny_model_dir, untied_model_dir, tmp_pat
     assert code == 1 and message in err and err.count("\n") == 1, err
 
 
+@pytest.fixture()
 def recipe(tmp_path):
     cfg = OmegaConf.load(RECIPE)
     prompts = tmp_path / "prompts.jsonl"  # validation counts the prompts (a batch at least), it does not parse them

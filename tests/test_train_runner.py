@@ -97,7 +97,10 @@ def _metrics(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("placement", [{"actor,rollout,reward": "all"}, {"actor": "0", "rollout": "1", "reward": "2"}],
                          ids=["collocated", "disaggregated"])
 def test_three_steps_through_worker_groups(tmp_path, synth, server, tiny_model_dir, placement):
-    cfg = _config(tmp_path, synth, server, tiny_model_dir)
+    # The GPU recipe's precision, and a token budget that cuts the ranks' shares into different numbers
+    # of micro-batches (the case that hung before every rank ran the same number of passes).
+    cfg = _config(tmp_path, synth, server, tiny_model_dir, **{"actor.model.precision": "bf16",
+                                                               "runner.max_tokens_per_mbs": 200})
     cfg.cluster.cpu_slots_per_node = 3
     cfg.cluster.component_placement = placement
     assert validate_cfg(cfg).placement.mode == ("collocated" if len(placement) == 1 else "disaggregated")

@@ -1,0 +1,121 @@
+"""One GPU, the actor's PPO update on a Qwen2.5-3B-shaped model: peak memory, tokens/s and MFU.
+
+    python benchmarks/gpu_actor_step.py                      # qwen2.5-3b shape, 8,192 tokens per micro-batch
+    python benchmarks/gpu_actor_step.py --shape qwen2.5-0.5b --updates 3 --mbs-tokens 4096
+
+It needs only torch, transformers and this package (no vLLM, no Ray, no network), so it runs on a bare
+GPU machine. The model is Qwen2.5's published shape with random weights made here
+(``toolkits.model_shapes``), trained by the same trainer the actor workers build: FSDP2 at world size 1
+(``actor.training_backend: fsdp``), bf16 compute over fp32 master weights, gradient checkpointing,
+packed rows and chunked log-probs, as in ``examples/searchr1/config/qwen2.5-3b-tool-fsdp-1node.yaml``.
+
+Printed: the peak of ``torch.cuda.max_memory_allocated`` over the timed updates, training tokens per
+second (every token of a row goes through forward and backward), and model FLOPs utilisation: 6 x
+parameters x tokens/s plus attention (12 x layers x hidden x tokens x mean row length), over the GPU's
+dense bf16 peak (``--peak-tflops``; 989 for H100/H200 SXM). Recomputation by checkpointing is not
+counted as useful work, as is usual for MFU. Results and commands: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _batch(rows: int, row_tokens: int, seed: int):
+    """Rows of ``row_tokens / 2 .. row_tokens`` tokens: a 512-token prompt, a response with observations."""
+    import torch
+
+    from rlinf_search.data.batch import collate_trajectories
+    from rlinf_search.data.io_struct import Trajectory
+
+    rng = random.Random(seed)
+    trajs = []
+    for i in range(rows):
+        length = rng.randint(row_tokens // 2, row_tokens) - 512
+        mask = [1] * length
+        mask[length // 3:length // 3 + length // 6] = [0] * (length // 6)
+        trajs.append(Trajectory(uid=f"q{i // 4}", prompt_ids=[rng.randrange(1000, 150000) for _ in range(512)],
+                                response_ids=[rng.randrange(1000, 150000) for _ in range(length)],
+                                response_mask=mask, rollout_logprobs=[0.0] * length))
+    batch = collate_trajectories(trajs, [float(i % 2) for i in range(rows)], pad_id=0)
+    batch.advantages = torch.where(batch.response_mask.bool(), torch.randn(batch.response_mask.shape), 0.0)
+    batch.old_logprobs = torch.zeros(batch.response_mask.shape)
+    return batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-3b")
+    parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers than the real model")
+    parser.add_argument("--row-tokens", type=int, default=4096, help="longest row (prompt + response)")
+    parser.add_argument("--mbs-tokens", type=int, default=8192, help="runner.max_tokens_per_mbs")
+    parser.add_argument("--rows", type=int, default=16, help="rows per update (one mini-batch)")
+    parser.add_argument("--updates", type=int, default=3, help="timed updates, after one warm-up update")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak")
+    parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="run the same steps on CPU to check the script (its figures mean nothing)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from rlinf_search.workers.actor.backends import build_trainer
+    from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+    from toolkits.model_shapes import qwen_config, random_model
+
+    cuda = torch.cuda.is_available() and not args.cpu_smoke
+    if not cuda and not args.cpu_smoke:
+        print("gpu_actor_step: no CUDA device here; run it on a GPU machine (docs/benchmarks.md)")
+        return 2
+    shape = qwen_config(args.shape, layers=args.layers)
+    with tempfile.TemporaryDirectory() as model_dir:
+        started = time.perf_counter()
+        model = random_model(args.shape, layers=args.layers, dtype=torch.bfloat16)
+        n_params = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(model_dir)  # bf16 on disk; the trainer loads fp32 master weights
+        del model
+        print(f"made a random {args.shape} ({shape.num_hidden_layers} layers, {n_params / 1e9:.2f} B parameters) "
+              f"in {time.perf_counter() - started:.0f} s", flush=True)
+        config = ActorConfig(model_path=model_dir, training_backend="fsdp", dtype="bfloat16",
+                             gradient_checkpointing=not args.no_checkpointing, pack_sequences=True,
+                             logprob_chunk_tokens=1024, max_tokens_per_mbs=args.mbs_tokens, n_minibatches=1,
+                             shuffle_rollout=False, optim=OptimConfig(lr=1e-6, total_steps=100),
+                             loss=PolicyLossConfig(kl_beta=0.0))
+        trainer = build_trainer(config)
+    batch = _batch(args.rows, args.row_tokens, seed=0)
+    tokens = int(batch.attention_mask.sum())
+    mean_row = tokens / args.rows
+    trainer.train_on_batch(batch)  # warm-up: optimizer state allocated, kernels chosen
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for _ in range(args.updates):
+        metrics = trainer.train_on_batch(batch)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - started) / args.updates
+    peak = torch.cuda.max_memory_allocated() / 1024 ** 3 if cuda else float("nan")
+    flops_per_token = 6 * n_params + 12 * shape.num_hidden_layers * shape.hidden_size * mean_row
+    tokens_per_s = tokens / seconds
+    mfu = flops_per_token * tokens_per_s / (args.peak_tflops * 1e12)
+    print(f"{'device':<28}{'shape':<14}{'tokens/update':>14}{'mbs tokens':>11}{'ckpt':>6}{'peak GiB':>10}"
+          f"{'s/update':>10}{'tokens/s':>10}{'MFU':>7}")
+    device = torch.cuda.get_device_name() if cuda else "cpu (smoke run)"
+    print(f"{device:<28}{args.shape:<14}{tokens:>14}{args.mbs_tokens:>11}"
+          f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{seconds:>10.2f}{tokens_per_s:>10.0f}"
+          f"{100 * mfu:>6.1f}%")
+    print(f"loss finite: {all(map(lambda v: v == v, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

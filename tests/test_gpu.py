@@ -1,0 +1,58 @@
+"""The GPU recipe's training path on a CUDA device: FSDP2 with bf16 compute, and the packed rows through
+the GPU attention kernels. Skipped where there is no CUDA (this project's CI machines); run them with
+``bash scripts/test.sh tests/test_gpu.py`` on a GPU machine. docs/recipes.md says which ran."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlinf_search.workers.actor.backends import build_trainer
+from rlinf_search.workers.actor.logprobs import place_rows
+from rlinf_search.workers.actor.config import OptimConfig
+from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, to_device
+from tests.test_fsdp import _config, _uneven_batch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_fsdp2_bf16_update_on_cuda(tiny_model_dir):
+    batch = _uneven_batch(AutoTokenizer.from_pretrained(tiny_model_dir))
+    trainer = build_trainer(_config(tiny_model_dir, training_backend="fsdp", dtype="bfloat16",
+                                    gradient_checkpointing=True,
+                                    optim=OptimConfig(lr=1e-6, weight_decay=0.0, total_steps=10)))
+    assert trainer.device.type == "cuda"
+    before = {n: p.detach().full_tensor().clone() for n, p in trainer.scorer.named_parameters()}
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [trainer.compute_logprobs(batch)])
+    metrics = trainer.train_on_batch(batch)
+    assert all(v == v for v in metrics.values()), metrics  # no NaN
+    moved = changed = 0
+    for name, p in trainer.scorer.named_parameters():
+        assert p.dtype == torch.float32, name
+        full = p.detach().full_tensor()
+        moved += int((full != before[name]).sum())
+        changed += full.numel()
+    assert moved / changed > 0.9, "bf16 compute over fp32 master weights moves the weights at lr 1e-6"
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flash_attention_2"])
+def test_packed_rows_match_padded_rows_on_cuda(tiny_model_dir, kernel):
+    if kernel == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn is not installed")
+    from transformers import AutoModelForCausalLM
+
+    batch = _uneven_batch(AutoTokenizer.from_pretrained(tiny_model_dir))
+    dtype = torch.bfloat16 if kernel == "flash_attention_2" else torch.float32  # flash-attn has no fp32
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype, attn_implementation=kernel).cuda()
+    scorer = TokenScorer(model)
+    results = {}
+    with torch.no_grad():
+        for packed in (True, False):
+            layout = to_device(layout_batch(batch, packed=packed), torch.device("cuda"))
+            flat, _ = scorer(layout)
+            results[packed] = layout.to_rows(flat).float().cpu()
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(results[True], results[False], atol=tolerance, rtol=0)
