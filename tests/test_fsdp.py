@@ -178,7 +178,10 @@ def test_chunked_logprobs_and_gradients_match_whole_logits(tiny_model_dir):
     torch.testing.assert_close(grads[7][0], grads[100_000][0], atol=1e-5, rtol=0)
     torch.testing.assert_close(grads[7][1], grads[100_000][1], atol=1e-5, rtol=0)
     for name, grad in grads[7][2].items():
-        torch.testing.assert_close(grad, grads[100_000][2][name], atol=1e-5, rtol=1e-4, msg=name)
+        # fp32 sums over many tokens in another order: round-off scales with the gradient's size (the tied
+        # embedding's reaches ~1e2), not with each element's.
+        whole = grads[100_000][2][name]
+        torch.testing.assert_close(grad, whole, atol=1e-5 + 1e-6 * float(whole.abs().max()), rtol=1e-4)
     # No entropy gradient when its coefficient is 0: the entropy comes back detached.
     _, entropy = TokenScorer(trainer.model)(layout, entropy_grad=False)
     assert not entropy.requires_grad
