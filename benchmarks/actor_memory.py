@@ -30,11 +30,18 @@ import sys
 import tempfile
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from toolkits.model_shapes import random_model, random_rollout_batch  # noqa: E402
 
 GIB = 1024 ** 3
 VOCAB = 151936  # Qwen2.5's vocabulary, every shape
@@ -67,73 +74,36 @@ CASES["fsdp-all"], CASES["ddp-all"] = CASES["fsdp-ckpt+chunk+pack"], CASES["ddp-
 DEFAULT_CASES = ["ddp-none", "fsdp-none", "fsdp-ckpt", "fsdp-chunk", "fsdp-pack", "fsdp-all", "ddp-all"]
 
 
-def _batch(tokenizer_pad: int, *, rows: int, row_tokens: int, seed: int):
-    """Rows of ``row_tokens / 2 .. row_tokens`` tokens (a 256-token prompt, then a response with two
-    observation blocks): uneven lengths, as rollouts are, so padding costs what it costs in a real run."""
-    import random
-
-    import torch
-
-    from rlinf_search.data.batch import collate_trajectories
-    from rlinf_search.data.io_struct import Trajectory
-
-    rng = random.Random(seed)
-    trajs = []
-    for i in range(rows):
-        length = rng.randint(row_tokens // 2, row_tokens) - 256
-        mask = [1] * length
-        for start in (length // 4, length // 2):  # observations: trained on by nobody
-            mask[start:start + length // 8] = [0] * (length // 8)
-        trajs.append(Trajectory(uid=f"q{i // 2}", prompt_ids=[rng.randrange(1000, 150000) for _ in range(256)],
-                                response_ids=[rng.randrange(1000, 150000) for _ in range(length)],
-                                response_mask=mask, rollout_logprobs=[0.0] * length))
-    rewards = [float(i % 2) for i in range(rows)]
-    batch = collate_trajectories(trajs, rewards, pad_id=tokenizer_pad)
-    batch.advantages = torch.where(batch.response_mask.bool(), torch.randn(batch.response_mask.shape), 0.0)
-    batch.old_logprobs = torch.zeros(batch.response_mask.shape)
-    return batch
-
-
-class LiveTensorBytes:
+class LiveTensorBytes(TorchDispatchMode):
     """Counts the bytes of tensor storages created while it is active and still alive; keeps the peak.
 
-    A ``TorchDispatchMode`` sees the outputs of every aten op (FSDP's all-gathers, autograd's gradients,
-    AdamW's state included); a weak-reference finalizer on each new storage subtracts it when it is freed.
+    It sees the outputs of every aten op (FSDP's all-gathers, autograd's gradients, AdamW's state
+    included); a weak-reference finalizer on each new storage subtracts it when it is freed.
     """
 
-    def __new__(cls):
-        import weakref
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self._sizes = 0, 0, {}
 
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                self._track(value.to_local() if hasattr(value, "to_local") else value)
+        return out
 
-        class Mode(TorchDispatchMode):
-            def __init__(self):
-                super().__init__()
-                self.live, self.peak, self._sizes = 0, 0, {}
+    def _track(self, tensor) -> None:
+        storage = tensor.untyped_storage()
+        key, size = storage.data_ptr(), storage.nbytes()
+        if size == 0 or key in self._sizes:
+            return
+        self._sizes[key] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, key)
 
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for value in tree_flatten(out)[0]:
-                    if isinstance(value, torch.Tensor):
-                        self._track(value.to_local() if hasattr(value, "to_local") else value)
-                return out
-
-            def _track(self, tensor) -> None:
-                storage = tensor.untyped_storage()
-                key, size = storage.data_ptr(), storage.nbytes()
-                if size == 0 or key in self._sizes:
-                    return
-                self._sizes[key] = size
-                self.live += size
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(storage, self._free, key)
-
-            def _free(self, key) -> None:
-                self.live -= self._sizes.pop(key, 0)
-
-        return Mode()
+    def _free(self, key) -> None:
+        self.live -= self._sizes.pop(key, 0)
 
 
 def _rank_bytes(tensors) -> int:
@@ -145,7 +115,6 @@ def _rank_bytes(tensors) -> int:
 
 
 def _run_rank(rank: int, world_size: int, port: int, case: Case, args: argparse.Namespace, out: str) -> None:
-    import torch
     import torch.distributed as dist
     from rlinf_search.workers.actor.backends import build_trainer
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
@@ -163,7 +132,7 @@ def _run_rank(rank: int, world_size: int, port: int, case: Case, args: argparse.
                          max_tokens_per_mbs=args.mbs, n_minibatches=1, shuffle_rollout=False,
                          optim=OptimConfig(lr=1e-6, total_steps=10), loss=PolicyLossConfig(kl_beta=0.0))
     trainer = build_trainer(config)
-    batch = _batch(0, rows=args.batch_rows, row_tokens=args.row_tokens, seed=0)
+    batch = random_rollout_batch(rows=args.batch_rows, row_tokens=args.row_tokens, prompt_tokens=256)
     params = list(trainer.scorer.parameters())
     before = _rank_bytes(params)  # the (sharded) fp32 parameters; everything else is allocated in the update
     tracker = LiveTensorBytes()
@@ -221,10 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-gib", type=float, default=None,
                         help="skip cases estimated above this (default: 80%% of this machine's RAM / ranks)")
     args = parser.parse_args(argv)
-    import torch
-
-    from toolkits.model_shapes import random_model
-
     cases = [CASES[name] for name in args.cases.split(",")]
     budgets = [int(b) for b in args.mbs_tokens.split(",")]
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

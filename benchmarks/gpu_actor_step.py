@@ -19,7 +19,7 @@ counted as useful work, as is usual for MFU. Results and commands: docs/benchmar
 from __future__ import annotations
 
 import argparse
-import random
+import math
 import sys
 import tempfile
 import time
@@ -27,28 +27,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _batch(rows: int, row_tokens: int, seed: int):
-    """Rows of ``row_tokens / 2 .. row_tokens`` tokens: a 512-token prompt, a response with observations."""
-    import torch
-
-    from rlinf_search.data.batch import collate_trajectories
-    from rlinf_search.data.io_struct import Trajectory
-
-    rng = random.Random(seed)
-    trajs = []
-    for i in range(rows):
-        length = rng.randint(row_tokens // 2, row_tokens) - 512
-        mask = [1] * length
-        mask[length // 3:length // 3 + length // 6] = [0] * (length // 6)
-        trajs.append(Trajectory(uid=f"q{i // 4}", prompt_ids=[rng.randrange(1000, 150000) for _ in range(512)],
-                                response_ids=[rng.randrange(1000, 150000) for _ in range(length)],
-                                response_mask=mask, rollout_logprobs=[0.0] * length))
-    batch = collate_trajectories(trajs, [float(i % 2) for i in range(rows)], pad_id=0)
-    batch.advantages = torch.where(batch.response_mask.bool(), torch.randn(batch.response_mask.shape), 0.0)
-    batch.old_logprobs = torch.zeros(batch.response_mask.shape)
-    return batch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlinf_search.workers.actor.backends import build_trainer
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-    from toolkits.model_shapes import qwen_config, random_model
+    from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
     if not cuda and not args.cpu_smoke:
@@ -90,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                              shuffle_rollout=False, optim=OptimConfig(lr=1e-6, total_steps=100),
                              loss=PolicyLossConfig(kl_beta=0.0))
         trainer = build_trainer(config)
-    batch = _batch(args.rows, args.row_tokens, seed=0)
+    batch = random_rollout_batch(rows=args.rows, row_tokens=args.row_tokens, prompt_tokens=512)
     tokens = int(batch.attention_mask.sum())
     mean_row = tokens / args.rows
     trainer.train_on_batch(batch)  # warm-up: optimizer state allocated, kernels chosen
@@ -113,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device:<28}{args.shape:<14}{tokens:>14}{args.mbs_tokens:>11}"
           f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{seconds:>10.2f}{tokens_per_s:>10.0f}"
           f"{100 * mfu:>6.1f}%")
-    print(f"loss finite: {all(map(lambda v: v == v, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}")
+    print(f"loss finite: {all(map(math.isfinite, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}")
     return 0
 
 

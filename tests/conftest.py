@@ -41,3 +41,17 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("tiny_model")
     return make_tiny_model(out, [HOTPOT_DIR / "corpus.jsonl", HOTPOT_DIR / "test.jsonl"])
+
+
+def adam_steps(folder: Path, scratch: Path) -> set[int]:
+    """Adam's step counts in the optimizer shards of a checkpoint folder (``fsdp`` keeps the optimizer as
+    rank shards, not in ``training_state.pt``), read back as one state dict via ``scratch``."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from rlinf_search.runners.checkpoint import TRAINING_STATE
+
+    state = torch.load(folder / TRAINING_STATE, weights_only=False)
+    assert "optimizer" not in state, "fsdp keeps the optimizer as rank shards, not in training_state.pt"
+    dcp_to_torch_save(folder / state["optimizer_shards"], scratch)
+    return {int(s["step"]) for s in torch.load(scratch, weights_only=False)["optimizer"]["state"].values()}

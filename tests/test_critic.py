@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, compute_advantages
@@ -35,7 +34,7 @@ from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.critic.value_model import ValueModel
 from rlinf_search.workers.critic.value_trainer import ValueTrainer, explained_variance
-from tests.conftest import HOTPOT_DIR
+from tests.conftest import HOTPOT_DIR, adam_steps
 from toolkits.synth_task import SynthSpec, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,14 +288,9 @@ def test_gae_run_trains_the_critic_and_resumes_it(tmp_path, synth_server, tiny_m
     assert not torch.equal(trained.head.weight, fresh.head.weight)
     assert any(not torch.equal(a, b) for a, b in zip(trained.backbone.parameters(), fresh.backbone.parameters()))
 
-    def adam_steps(folder: Path) -> set[int]:
-        state = torch.load(folder / TRAINING_STATE, weights_only=False)
-        assert "optimizer" not in state, "fsdp keeps the optimizer as rank shards, not in training_state.pt"
-        merged = tmp_path / "optimizer.pt"  # the ranks' shards read back as one state dict
-        dcp_to_torch_save(folder / state["optimizer_shards"], merged)
-        return {int(s["step"]) for s in torch.load(merged, weights_only=False)["optimizer"]["state"].values()}
-
-    assert adam_steps(step3 / CRITIC_SUBDIR) == {6} and adam_steps(step3) == {4}  # actor skipped step 1
+    scratch = tmp_path / "optimizer.pt"
+    # The actor skipped step 1.
+    assert adam_steps(step3 / CRITIC_SUBDIR, scratch) == {6} and adam_steps(step3, scratch) == {4}
 
     OmegaConf.update(cfg, "runner.max_steps", 4)
     OmegaConf.update(cfg, "runner.resume_dir", "auto")
@@ -305,4 +299,5 @@ def test_gae_run_trains_the_critic_and_resumes_it(tmp_path, synth_server, tiny_m
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     step4 = latest_checkpoint(tmp_path / "run/checkpoints")
     # Adam's step counts go on from the checkpoint: the critic's optimizer state was restored, not restarted.
-    assert step4.name == "global_step_4" and adam_steps(step4 / CRITIC_SUBDIR) == {8} and adam_steps(step4) == {6}
+    assert step4.name == "global_step_4" and adam_steps(step4 / CRITIC_SUBDIR, scratch) == {8} \
+        and adam_steps(step4, scratch) == {6}

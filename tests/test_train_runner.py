@@ -27,6 +27,7 @@ from rlinf_search.runners.checkpoint import latest_checkpoint, load_checkpoint
 from rlinf_search.runners.train_main import launch_groups
 from rlinf_search.runners.train_runner import SearchR1Runner
 from rlinf_search.scheduler import Cluster
+from tests.conftest import adam_steps
 from toolkits.synth_task import SynthSpec, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,15 +89,6 @@ def _command(cfg, tmp_path) -> list[str]:
 
 def _run(cfg, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(_command(cfg, tmp_path), capture_output=True, text=True, timeout=900, cwd=ROOT)
-
-
-def _adam_steps(checkpoint: Path, merged: Path) -> set[int]:
-    """Adam's step counts in a checkpoint's optimizer shards (fsdp), read back as one state dict."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    _, training = load_checkpoint(checkpoint)
-    dcp_to_torch_save(checkpoint / training["optimizer_shards"], merged)
-    return {int(s["step"]) for s in torch.load(merged, weights_only=False)["optimizer"]["state"].values()}
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -214,5 +206,5 @@ def test_killed_run_resumes_exactly(tmp_path, synth, server, tiny_model_dir, pla
         reference_state.global_step, reference_state.epoch, reference_state.batch_in_epoch)
     assert state.rollout_rng == reference_state.rollout_rng
     assert training["global_step"] == reference_training["global_step"]
-    assert _adam_steps(latest_checkpoint(tmp_path / "cut" / "run" / "checkpoints"), tmp_path / "cut.pt") == \
-        _adam_steps(latest_checkpoint(tmp_path / "full" / "run" / "checkpoints"), tmp_path / "full.pt")
+    assert adam_steps(latest_checkpoint(tmp_path / "cut" / "run" / "checkpoints"), tmp_path / "cut.pt") == \
+        adam_steps(latest_checkpoint(tmp_path / "full" / "run" / "checkpoints"), tmp_path / "full.pt")

@@ -50,6 +50,34 @@ def random_model(shape: str, *, layers: int | None = None, seed: int = 0, dtype=
     return model if dtype is None else model.to(dtype)
 
 
+def random_rollout_batch(*, rows: int, row_tokens: int, prompt_tokens: int, seed: int = 0):
+    """A ``RolloutBatch`` of random token ids ready for ``train_on_batch``: rows of ``row_tokens / 2 ..
+    row_tokens`` tokens (a ``prompt_tokens`` prompt, then a response with two observation blocks),
+    uneven as rollouts are, so padding costs what it costs in a real run; random advantages."""
+    import random
+
+    import torch
+
+    from rlinf_search.data.batch import collate_trajectories
+    from rlinf_search.data.io_struct import Trajectory
+
+    rng = random.Random(seed)
+    trajs = []
+    for i in range(rows):
+        length = rng.randint(row_tokens // 2, row_tokens) - prompt_tokens
+        mask = [1] * length
+        for start in (length // 4, length // 2):  # observations: trained on by nobody
+            mask[start:start + length // 8] = [0] * (length // 8)
+        prompt = [rng.randrange(1000, 150000) for _ in range(prompt_tokens)]
+        trajs.append(Trajectory(uid=f"q{i // 2}", prompt_ids=prompt,
+                                response_ids=[rng.randrange(1000, 150000) for _ in range(length)],
+                                response_mask=mask, rollout_logprobs=[0.0] * length))
+    batch = collate_trajectories(trajs, [float(i % 2) for i in range(rows)], pad_id=0)
+    batch.advantages = torch.where(batch.response_mask.bool(), torch.randn(batch.response_mask.shape), 0.0)
+    batch.old_logprobs = torch.zeros(batch.response_mask.shape)
+    return batch
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkits.model_shapes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", required=True, choices=sorted(QWEN25_SHAPES))
