@@ -12,6 +12,7 @@ device), so the figures are tensor bytes, not allocator or RSS noise:
 
 - ``state``: parameters + gradients + optimizer state held by the rank after the update (exact);
 - ``peak``: the highest total of live tensor bytes during the update;
+- ``plan``: what ``toolkits.memory_plan`` predicts for the peak (FSDP with every saver on);
 - ``rest``: peak - state, the activations, logits and temporaries one micro-batch needs; ``rest/1k``
   is that per 1,024 tokens of micro-batch budget (what a memory plan scales).
 
@@ -41,7 +42,8 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toolkits.model_shapes import random_model, random_rollout_batch  # noqa: E402
+from toolkits.memory_plan import plan_actor_memory  # noqa: E402
+from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch  # noqa: E402
 
 GIB = 1024 ** 3
 VOCAB = 151936  # Qwen2.5's vocabulary, every shape
@@ -199,11 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(model_dir)
         del model
+        shape = qwen_config(args.shape, layers=args.layers)
         print(f"{args.shape} shape, {args.layers} layers, {n_params / 1e6:.1f} M parameters; {args.ranks} ranks "
               f"(gloo, this CPU); rows of {args.row_tokens // 2}..{args.row_tokens} tokens; bf16 compute, "
               f"fp32 master weights and AdamW state; torch {torch.__version__}", flush=True)
         header = (f"{'case':<22}{'mbs tokens':>11}{'params':>9}{'grads':>9}{'optim':>9}{'state':>9}"
-                  f"{'rest':>9}{'peak':>9}{'rest/1k':>9}{'s/update':>10}   (GiB per rank)")
+                  f"{'rest':>9}{'peak':>9}{'plan':>7}{'rest/1k':>9}{'s/update':>10}   (GiB per rank)")
         print(header)
         print("-" * len(header))
         results = []
@@ -219,9 +222,12 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 r = measure(case, args)
                 results.append((case, budget, r))
+                # toolkits.memory_plan's rules hold for FSDP with every saver on (what the GPU recipe runs)
+                plan = (f"{plan_actor_memory(shape, ranks=args.ranks, mbs_tokens=budget).total / GIB:>7.2f}"
+                        if case == CASES["fsdp-all"] else f"{'-':>7}")
                 print(f"{case.name:<22}{budget:>11}{r['params'] / GIB:>9.2f}{r['grads'] / GIB:>9.2f}"
                       f"{r['optimizer'] / GIB:>9.2f}{r['state'] / GIB:>9.2f}{(r['peak'] - r['state']) / GIB:>9.2f}"
-                      f"{r['peak'] / GIB:>9.2f}{(r['peak'] - r['state']) / GIB / (budget / 1024):>9.3f}"
+                      f"{r['peak'] / GIB:>9.2f}{plan}{(r['peak'] - r['state']) / GIB / (budget / 1024):>9.3f}"
                       f"{r['seconds']:>10.1f}", flush=True)
     _print_ratios(results)
     return 0

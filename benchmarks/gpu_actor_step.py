@@ -9,7 +9,8 @@ GPU machine. The model is Qwen2.5's published shape with random weights made her
 (``actor.training_backend: fsdp``), bf16 compute over fp32 master weights, gradient checkpointing,
 packed rows and chunked log-probs, as in ``examples/searchr1/config/qwen2.5-3b-tool-fsdp-1node.yaml``.
 
-Printed: the peak of ``torch.cuda.max_memory_allocated`` over the timed updates, training tokens per
+Printed: the peak of ``torch.cuda.max_memory_allocated`` over the timed updates beside
+``toolkits.memory_plan``'s plan for one rank (which holds for checkpointing on), training tokens per
 second (every token of a row goes through forward and backward), and model FLOPs utilisation: 6 x
 parameters x tokens/s plus attention (12 x layers x hidden x tokens x mean row length), over the GPU's
 dense bf16 peak (``--peak-tflops``; 989 for H100/H200 SXM). Recomputation by checkpointing is not
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlinf_search.workers.actor.backends import build_trainer
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+    from toolkits.memory_plan import plan_actor_memory
     from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
@@ -85,11 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     flops_per_token = 6 * n_params + 12 * shape.num_hidden_layers * shape.hidden_size * mean_row
     tokens_per_s = tokens / seconds
     mfu = flops_per_token * tokens_per_s / (args.peak_tflops * 1e12)
+    plan = plan_actor_memory(shape, ranks=1, mbs_tokens=args.mbs_tokens).total / 1024 ** 3
     print(f"{'device':<28}{'shape':<14}{'tokens/update':>14}{'mbs tokens':>11}{'ckpt':>6}{'peak GiB':>10}"
-          f"{'s/update':>10}{'tokens/s':>10}{'MFU':>7}")
+          f"{'plan GiB':>10}{'s/update':>10}{'tokens/s':>10}{'MFU':>7}")
     device = torch.cuda.get_device_name() if cuda else "cpu (smoke run)"
     print(f"{device:<28}{args.shape:<14}{tokens:>14}{args.mbs_tokens:>11}"
-          f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{seconds:>10.2f}{tokens_per_s:>10.0f}"
+          f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{plan:>10.1f}{seconds:>10.2f}{tokens_per_s:>10.0f}"
           f"{100 * mfu:>6.1f}%")
     print(f"loss finite: {all(map(math.isfinite, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}")
     return 0

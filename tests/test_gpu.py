@@ -56,3 +56,26 @@ def test_packed_rows_match_padded_rows_on_cuda(tiny_model_dir, kernel):
             results[packed] = layout.to_rows(flat).float().cpu()
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(results[True], results[False], atol=tolerance, rtol=0)
+
+
+def test_peak_memory_within_ten_percent_of_the_plan(tmp_path):
+    """One update of Qwen2.5-0.5B's full shape (FSDP2 at one rank, every saver on): the allocator's peak
+    against ``toolkits.memory_plan``, the rules docs/recipes.md's 3B plan is computed from."""
+    from rlinf_search.workers.actor.config import ActorConfig, PolicyLossConfig
+    from toolkits.memory_plan import plan_actor_memory
+    from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch
+
+    random_model("qwen2.5-0.5b", dtype=torch.bfloat16).save_pretrained(tmp_path)
+    trainer = build_trainer(ActorConfig(model_path=str(tmp_path), training_backend="fsdp", dtype="bfloat16",
+                                        gradient_checkpointing=True, pack_sequences=True, logprob_chunk_tokens=1024,
+                                        max_tokens_per_mbs=8192, n_minibatches=1, shuffle_rollout=False,
+                                        optim=OptimConfig(lr=1e-6, total_steps=10), loss=PolicyLossConfig(kl_beta=0.0)))
+    batch = random_rollout_batch(rows=8, row_tokens=4096, prompt_tokens=512)
+    trainer.train_on_batch(batch)  # optimizer state allocated
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    trainer.train_on_batch(batch)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    plan = plan_actor_memory(qwen_config("qwen2.5-0.5b"), ranks=1, mbs_tokens=8192).total
+    assert abs(peak - plan) <= 0.1 * plan, f"peak {peak / 2**30:.2f} GiB, plan {plan / 2**30:.2f} GiB"

@@ -42,3 +42,20 @@ def test_synth_task_is_deterministic_disjoint_and_in_the_real_formats(tmp_path):
     bridge = two_hop["metadata"]["bridge"]
     city_passage = next(store[i] for i in range(len(store)) if store[i].title == bridge)
     assert two_hop["golden_answers"][0] in city_passage.text
+
+
+def test_memory_plan_counts_the_parameters_of_every_qwen_shape():
+    """The plan's 16 B a parameter of state is exact only if it counts the model's parameters exactly."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from toolkits.memory_plan import plan_actor_memory
+    from toolkits.model_shapes import QWEN25_SHAPES, qwen_config
+
+    for shape in QWEN25_SHAPES:
+        config = qwen_config(shape)
+        with torch.device("meta"):
+            params = sum(p.numel() for p in Qwen2ForCausalLM(config).parameters())
+        assert plan_actor_memory(config, ranks=1, mbs_tokens=1).state == 16 * params, shape
+    plan = plan_actor_memory(qwen_config("qwen2.5-3b"), ranks=8, mbs_tokens=8192, reference=True)
+    assert 13.5 < plan.total / 2 ** 30 < 14.0  # docs/recipes.md: "about 14 GiB"

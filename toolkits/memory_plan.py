@@ -1,0 +1,78 @@
+"""The actor's memory plan per GPU, as code: the rules docs/recipes.md's table is computed from.
+
+    python -m toolkits.memory_plan --shape qwen2.5-3b --ranks 8 --mbs-tokens 8192 --reference
+
+The rules were fitted to exact tensor bytes measured by ``benchmarks/actor_memory.py`` on Qwen2.5-0.5B's
+shape (FSDP2, bf16 compute over fp32 master weights, checkpointing, packed rows, chunked log-probs) at
+one and two ranks; that benchmark prints the plan beside each measured peak.
+``benchmarks/gpu_actor_step.py`` prints this plan beside the GPU's measured peak, and
+``tests/test_gpu.py`` holds the two within 10 % on a CUDA machine. It has not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Planned bytes per GPU of one PPO update of the actor (FSDP2 with every memory saver on)."""
+
+    state: float
+    """fp32 parameters, gradients and AdamW's two moments: 16 B a parameter, sharded over the ranks."""
+    reference: float
+    """The reference model, bf16 and sharded (0 without KL)."""
+    checkpoints: float
+    """Layer-boundary activations checkpointing keeps: tokens x hidden x 4 B x layers."""
+    lm_head_peak: float
+    """The peak phase, the LM head's backward: the gathered embedding (fp32 and bf16) and its unsharded
+    gradient (10 B an embedding parameter; at one rank only the bf16 copy, 2 B, as the fp32 parameter and
+    gradient are the shard itself), and one chunk's logits and their gradient (14 B each)."""
+
+    @property
+    def total(self) -> float:
+        """The training peak: every part above at once."""
+        return self.state + self.reference + self.checkpoints + self.lm_head_peak
+
+
+def plan_actor_memory(config, *, ranks: int, mbs_tokens: int, chunk_tokens: int = 1024,
+                      reference: bool = False) -> MemoryPlan:
+    """The plan for a model of ``config`` (a transformers config of a decoder LM with tied or untied
+    embeddings), ``ranks`` FSDP ranks, micro-batches of ``mbs_tokens`` tokens and LM-head chunks of
+    ``chunk_tokens``."""
+    hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = hidden // heads
+    attention = hidden * hidden * 2 + hidden * kv_heads * head_dim * 2 + hidden + 2 * kv_heads * head_dim
+    per_layer = attention + 3 * hidden * config.intermediate_size + 2 * hidden
+    embedding = vocab * hidden
+    params = embedding * (1 if config.tie_word_embeddings else 2) + layers * per_layer + hidden
+    return MemoryPlan(state=16 * params / ranks, reference=(2 * params / ranks) if reference else 0.0,
+                      checkpoints=mbs_tokens * hidden * 4 * layers,
+                      lm_head_peak=(10 if ranks > 1 else 2) * embedding + 14 * min(chunk_tokens, mbs_tokens) * vocab)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from toolkits.model_shapes import QWEN25_SHAPES, qwen_config
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-3b", choices=sorted(QWEN25_SHAPES))
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--mbs-tokens", type=int, default=8192)
+    parser.add_argument("--chunk-tokens", type=int, default=1024)
+    parser.add_argument("--reference", action="store_true", help="a bf16 reference model too (KL on)")
+    args = parser.parse_args(argv)
+    plan = plan_actor_memory(qwen_config(args.shape, layers=args.layers), ranks=args.ranks,
+                             mbs_tokens=args.mbs_tokens, chunk_tokens=args.chunk_tokens, reference=args.reference)
+    for name in ("state", "reference", "checkpoints", "lm_head_peak", "total"):
+        print(f"{name:<14}{getattr(plan, name) / GIB:>8.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
