@@ -73,3 +73,33 @@ def train_steps(rank: int, world_size: int, port: int, out_dir: str) -> None:
     # The results are on disk. Seen once (1 run in 3): a rank aborting in interpreter teardown ("terminate
     # called without an active exception", a native thread destroyed while joinable), after its work.
     os._exit(0)
+
+
+def offload_round_trip(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Two trainers on the same batch, one of them offloaded and brought back (fresh storage, as on a GPU)
+    between its first and second updates; the metrics of three updates and the final weights of each."""
+    import torch.distributed as dist
+
+    from rlinf_search.workers.actor.backends import build_trainer
+    from rlinf_search.workers.offload import OffloadConfig, Offloader
+
+    _init(rank, world_size, port)
+    out = Path(out_dir)
+    config = pickle.loads((out / "config.pkl").read_bytes())
+    batch = pickle.loads((out / "batch.pkl").read_bytes())
+    result = {}
+    for name, offload in (("plain", False), ("offloaded", True)):
+        trainer = build_trainer(config)
+        batch.old_logprobs, _ = _gathered_old_logprobs(trainer, batch)
+        offloader = Offloader(OffloadConfig(weights=True, grads=True, optimizer=True), modules=[trainer.model],
+                              optimizer=trainer.optimizer, device=trainer.device)
+        metrics = [trainer.train_on_batch(batch)]
+        if offload:
+            offloader.offload(copy=True)
+            offloader.onload(copy=True)
+        metrics += [trainer.train_on_batch(batch), trainer.train_on_batch(batch)]
+        result[name] = (metrics, trainer.rollout_state_dict())
+    (out / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)

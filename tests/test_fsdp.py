@@ -21,7 +21,7 @@ from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLo
 from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
 from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch
-from tests.fsdp_ranks import train_steps
+from tests.fsdp_ranks import offload_round_trip, train_steps
 
 BUDGET = 60  # tokens per micro-batch: the batch below cuts into 3 micro-batches on one rank, 2 on the other
 
@@ -185,3 +185,20 @@ def test_chunked_logprobs_and_gradients_match_whole_logits(tiny_model_dir):
     # No entropy gradient when its coefficient is 0: the entropy comes back detached.
     _, entropy = TokenScorer(trainer.model)(layout, entropy_grad=False)
     assert not entropy.requires_grad
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "ddp"])
+def test_offload_round_trip_leaves_training_unchanged(backend, tiny_model_dir, tmp_path):
+    """``actor.offload_*`` under the sharded backends: weights, gradients and Adam moments leave and come
+    back in fresh storage between updates, and the next two updates are those of a trainer never offloaded
+    (FSDP2 all-gathers from its own shard buffers, which must follow the parameters)."""
+    batch = _uneven_batch(AutoTokenizer.from_pretrained(tiny_model_dir))
+    config = _config(tiny_model_dir, training_backend=backend, dtype="bfloat16")
+    (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
+    (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
+    _spawn(offload_round_trip, 2, str(tmp_path))
+    for rank in range(2):
+        result = pickle.loads((tmp_path / f"rank{rank}.pkl").read_bytes())
+        (plain_metrics, plain_weights), (off_metrics, off_weights) = result["plain"], result["offloaded"]
+        assert off_metrics == plain_metrics, rank
+        assert all(torch.equal(plain_weights[n], off_weights[n]) for n in plain_weights)
