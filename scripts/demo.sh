@@ -15,6 +15,8 @@ MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often 
 EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
 SEED="${DEMO_SEED:-0}"
 mkdir -p "$OUT"
+# Hugging Face's per-load progress bars are noise in a log; the stages print their own progress.
+export HF_HUB_DISABLE_PROGRESS_BARS="${HF_HUB_DISABLE_PROGRESS_BARS:-1}"
 step() { printf '\n== %s\n' "$*"; }
 
 step "1/8 synthetic task: a fictional knowledge base, one- and two-hop questions, disjoint splits"

@@ -11,10 +11,18 @@ from collections import Counter
 
 import pytest
 
+from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.data.prepare import prepare
 from rlinf_search.retrieval.launch import RetrievalServerProcess, ServerStartError, wait_for_address_file
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts, question_kind
-from toolkits.sft_warmstart import SFTConfig, SFTStage, train_sft
+from toolkits.sft_warmstart import (
+    SFTConfig,
+    SFTStage,
+    _batch,
+    decision_position,
+    search_probabilities,
+    train_sft,
+)
 from toolkits.synth_task import SynthSpec, write_task
 
 
@@ -94,3 +102,47 @@ def test_demo_summary_writes_the_comparison(tmp_path):
     summary = json.loads((tmp_path / "out/eval_results.json").read_text())
     assert summary["gain"]["em"] == pytest.approx(0.35)
     assert (tmp_path / "out/eval_comparison.png").stat().st_size > 0
+
+
+def _scripted(record, tokenizer, prompts, *, search: bool) -> Trajectory:
+    """A trajectory as the agent loop writes one: model turns trained on, the observation not."""
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    if search:
+        parts = [(encode(f"<search> {record.extra['subject']} </search>"), 1),
+                 (encode(f"\n\n<information>Doc 1: {record.extra['subject']} ...</information>\n\n"), 0),
+                 (encode(f"<answer> {record.golden_answers[0]} </answer>"), 1)]
+    else:
+        parts = [(encode("<answer> Paris </answer>"), 1)]
+    ids = [i for part, _ in parts for i in part]
+    mask = [m for part, m in parts for _ in part]
+    return Trajectory(uid=record.uid, prompt_ids=prompts.ids(record), response_ids=ids, response_mask=mask,
+                      rollout_logprobs=[0.0] * len(ids))
+
+
+def test_only_the_mix_stage_decides_how_often_to_search(synth_records, tiny_model_dir):
+    """Good searches alone (decision token left out) then a 40 % search mix: the warm-started model's
+    chance of searching first is the mix's share, well under one half, so greedy decoding guesses on
+    every prompt and sampling still searches often (what RL needs to have something to teach)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompts = PromptTokenizer(tokenizer)
+    train, probe = synth_records[:200], synth_records[200:260]
+    position = decision_position(tokenizer)
+    good = [_scripted(r, tokenizer, prompts, search=True) for r in train]
+    ids, _, labels = _batch(good[:2], tokenizer.pad_token_id, untrained_position=position)
+    first = len(good[0].prompt_ids) + position
+    assert labels[0, first] == -100 and labels[0, first + 1] == ids[0, first + 1], "only the decision is left out"
+    rng = random.Random(0)
+    mixed = [_scripted(r, tokenizer, prompts, search=rng.random() < 0.4) for r in train]
+    stages = [SFTStage("skill", good, 60, trains_decision=False), SFTStage("mix", mixed, 60)]
+    train_sft(model, tokenizer, stages, SFTConfig(batch_size=16, warmup_steps=5))
+    chances = search_probabilities(model, tokenizer, probe)
+    mean = sum(chances) / len(chances)
+    assert 0.25 < mean < 0.55 and max(chances) < 0.65, (mean, max(chances))
+    assert sum(c > 0.5 for c in chances) <= len(chances) // 10, "greedy guesses on (nearly) every prompt"

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm import tqdm
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.data.prompt_tokens import PromptTokenizer
+from rlinf_search.progress import progress
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
@@ -50,6 +51,12 @@ class SFTStage:
     """Also train on observation tokens (the retrieved passages). Only for a first "reading" stage:
     a real LM has read Wikipedia before it learns to search it, and passages that repeat each name
     are where a tiny model learns to copy; the later stages mask observations, as RL does."""
+    trains_decision: bool = True
+    """Train on the first turn's decision token (where ``<search>`` and ``<answer>`` part). Only the
+    behaviour-mix stage should: stages of good searches alone would push the chance of searching toward
+    1, and whether the short mix stage then pulled it under one half (greedy guesses) or not (greedy
+    searches) was decided by rounding noise, so the warm start's EM swung between machines (issue 12).
+    With the earlier stages blind to it, the mix stage sets that chance to its share of searches."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,9 @@ class SFTConfig:
     """Linear warm-up; a tiny model at full lr from step 0 can diverge on the first batches."""
     seed: int = 0
     """Seed for trajectory order."""
+    final_stage_decay: float = 0.9
+    """Over the last stage the lr falls linearly by this fraction of itself (0: constant). That stage sets
+    how often the model searches; at full lr its last few batches' share of searches would set it."""
 
 
 async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: SearchTool, tokenizer,
@@ -79,8 +89,15 @@ async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: 
     return list(await asyncio.gather(*(one(r, s) for r, s in zip(records, scripts))))
 
 
-def _batch(trajectories: list[Trajectory], pad_id: int, *,
-           train_on_observations: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def decision_position(tokenizer) -> int:
+    """Index, in the first turn's ids, of the token that decides between searching and answering."""
+    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
+    return next(i for i, (a, b) in enumerate(zip(search, answer)) if a != b)
+
+
+def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
+           untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded ids, attention and labels; ``untrained_position``: a response position left out of the loss."""
     sequences = [t.prompt_ids + t.response_ids for t in trajectories]
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -90,6 +107,8 @@ def _batch(trajectories: list[Trajectory], pad_id: int, *,
         ids[row, : len(seq)] = torch.tensor(seq)
         attention[row, : len(seq)] = 1
         trained = torch.tensor(traj.response_mask, dtype=torch.bool) | train_on_observations
+        if untrained_position is not None and untrained_position < len(trained):
+            trained[untrained_position] = False
         response = torch.tensor(traj.response_ids)
         labels[row, len(traj.prompt_ids): len(seq)] = torch.where(trained, response, torch.tensor(-100))
     return ids, attention, labels
@@ -102,14 +121,23 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig) -> li
             raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps)))
+    total = sum(stage.steps for stage in stages)
+    last_stage = total - stages[-1].steps
+
+    def lr_factor(step: int) -> float:  # warm up, hold, then decay over the last stage
+        warm = min(1.0, (step + 1) / max(1, config.warmup_steps))
+        return warm * (1.0 - config.final_stage_decay * max(0, step - last_stage) / max(1, stages[-1].steps))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     model.train()
     losses = []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    decision = decision_position(tokenizer)
     for stage in stages:
-        for _ in (bar := tqdm(range(stage.steps), desc=f"sft {stage.name}", unit="step", dynamic_ncols=True)):
+        for _ in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
             batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
-            ids, attention, labels = _batch(batch, pad_id, train_on_observations=stage.train_on_observations)
+            ids, attention, labels = _batch(batch, pad_id, train_on_observations=stage.train_on_observations,
+                                            untrained_position=None if stage.trains_decision else decision)
             loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
             optimizer.zero_grad()
             loss.backward()
@@ -122,17 +150,36 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig) -> li
     return losses
 
 
-def warm_start(model_dir: Path, out_dir: Path, stages: list[SFTStage], config: SFTConfig) -> list[float]:
-    """Load ``model_dir``, train on the stages and save the result (model and tokenizer) to ``out_dir``."""
+@torch.no_grad()
+def search_probabilities(model, tokenizer, records: list[QARecord]) -> list[float]:
+    """The model's chance of opening its first turn with a search, per record (the prompt as the agent
+    loop builds it). Greedy decoding searches where it is above one half."""
+    prompts = PromptTokenizer(tokenizer)
+    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
+    position = decision_position(tokenizer)
+    chances = []
+    for record in records:
+        ids = prompts.ids(record) + search[:position]  # the shared opening, if the tags have one
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        pair = torch.softmax(logits, -1)[[search[position], answer[position]]]
+        chances.append(float(pair[0] / pair.sum()))
+    return chances
+
+
+def warm_start(model_dir: Path, out_dir: Path, stages: list[SFTStage], config: SFTConfig,
+               probe: list[QARecord] = ()) -> tuple[list[float], list[float]]:
+    """Load ``model_dir``, train on the stages and save the result (model and tokenizer) to ``out_dir``;
+    the losses, and the chance of searching first on each ``probe`` record."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     losses = train_sft(model, tokenizer, stages, config)
+    chances = search_probabilities(model, tokenizer, list(probe))
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return losses
+    return losses, chances
 
 
 async def _collect_from_server(records: list[QARecord], scripts: SyntheticScripts, tokenizer, server_addr: str,
@@ -171,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-passage-tokens", type=int, default=48)
     parser.add_argument("--max-obs-tokens", type=int, default=160)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--final-lr-decay", type=float, default=SFTConfig.final_stage_decay,
+                        help="fraction by which the lr falls over the last stage (0: constant, as before issue 12)")
+    parser.add_argument("--decision-in-every-stage", action="store_true",
+                        help="train the search-or-answer token in the reading and skill stages too (the warm start "
+                             "before issue 12, whose greedy choice sat on a knife's edge; for comparison only)")
     args = parser.parse_args(argv)
     try:
         mix = BehaviourMix(search=args.search_share, bad_query=args.bad_query_share)
@@ -193,12 +245,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.server_addr} serving the synthetic corpus?", file=sys.stderr)
         return 1
     print(f"collected {len(good) + len(mixed)} scripted trajectories in {time.monotonic() - started:.1f} s")
-    stages = [SFTStage("reading", good, args.reading_steps, train_on_observations=True),
-              SFTStage("skill", good, args.skill_steps), SFTStage("mix", mixed, args.mix_steps)]
-    config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed)
-    losses = warm_start(Path(args.model), Path(args.out), stages, config)
-    (Path(args.out) / "sft_losses.json").write_text(json.dumps({"config": vars(args), "losses": losses}))
-    print(f"warm start: loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved to {args.out}")
+    early = args.decision_in_every_stage
+    stages = [SFTStage("reading", good, args.reading_steps, train_on_observations=True, trains_decision=early),
+              SFTStage("skill", good, args.skill_steps, trains_decision=early), SFTStage("mix", mixed, args.mix_steps)]
+    config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed, final_stage_decay=args.final_lr_decay)
+    probe = random.Random(args.seed).sample(records, min(200, len(records)))
+    losses, chances = warm_start(Path(args.model), Path(args.out), stages, config, probe)
+    (Path(args.out) / "sft_losses.json").write_text(json.dumps({"config": vars(args), "losses": losses,
+                                                                "search_probabilities": chances}))
+    mean = sum(chances) / len(chances)
+    greedy = sum(c > 0.5 for c in chances) / len(chances)
+    # How far the greedy choice sits from the edge: a mean near one half means rounding can flip it.
+    print(f"warm start: loss {losses[0]:.3f} -> {losses[-1]:.3f}; first-turn P(search) on {len(chances)} training "
+          f"prompts: mean {mean:.3f}, {greedy:.0%} above 1/2 (greedy searches there); saved to {args.out}")
     return 0
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import bm25s
 import numpy as np
 from bm25s.tokenization import Tokenized, Tokenizer
-from tqdm import tqdm
 
+from rlinf_search.progress import progress
 from rlinf_search.retrieval.corpus import CorpusStore
 from rlinf_search.retrieval.manifest import IndexManifest
 
@@ -38,7 +38,7 @@ def build_bm25_index(corpus: CorpusStore, out_dir: Path, options: BM25Options) -
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _new_tokenizer()
     token_ids: list[list[int]] = []
-    with tqdm(total=len(corpus), desc="bm25 tokenize", unit="passage", dynamic_ncols=True) as bar:
+    with progress(total=len(corpus), desc="bm25 tokenize", unit="passage") as bar:
         for begin in range(0, len(corpus), options.chunk_rows):
             texts = [p.contents for p in corpus.iter_passages(begin, begin + options.chunk_rows)]
             token_ids.extend(tokenizer.tokenize(texts, update_vocab=True, return_as="ids",

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from rlinf_search.progress import progress
 from rlinf_search.retrieval.corpus import CorpusStore
 from rlinf_search.retrieval.encoders import DenseEncoder
 from rlinf_search.retrieval.manifest import IndexManifest
@@ -70,8 +70,7 @@ def embed_corpus(corpus: CorpusStore, encoder: DenseEncoder, out_dir: Path,
     done = _read_progress(progress_path, signature) if emb_path.is_file() else 0
     mode = "r+" if done else "w+"
     embeddings = np.memmap(emb_path, dtype=np.float32, mode=mode, shape=(max(n, 1), dim))
-    with tqdm(total=n, initial=done, desc=f"embed {encoder.name}", unit="passage",
-              dynamic_ncols=True) as bar:
+    with progress(total=n, initial=done, desc=f"embed {encoder.name}", unit="passage") as bar:
         for begin in range(done, n, options.chunk_rows):
             stop = min(begin + options.chunk_rows, n)
             texts = [p.contents for p in corpus.iter_passages(begin, stop)]
@@ -100,7 +99,7 @@ def build_faiss_index(embeddings: np.ndarray, count: int, index_type: str) -> fa
         sample = np.sort(rng.choice(count, size=min(count, _MAX_TRAIN_VECTORS), replace=False))
         index.train(np.ascontiguousarray(embeddings[sample]))
     step = 65536
-    for begin in tqdm(range(0, count, step), desc="faiss add", unit="chunk", dynamic_ncols=True):
+    for begin in progress(range(0, count, step), desc="faiss add", unit="chunk"):
         index.add(np.ascontiguousarray(embeddings[begin : begin + step]))
     return index
 

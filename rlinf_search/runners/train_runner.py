@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from rlinf_search.agents.searchr1.metrics import rollout_metrics
 from rlinf_search.algorithms import compute_advantages
@@ -26,6 +25,7 @@ from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch, collate_trajectories
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
+from rlinf_search.progress import progress
 from rlinf_search.runners.checkpoint import (
     CRITIC_SUBDIR,
     RunnerState,
@@ -365,7 +365,7 @@ class SearchR1Runner:
     def fit(self) -> None:
         runner = self.config.runner
         total = self.total_steps  # min(max_steps, max_epochs x batches per epoch)
-        with tqdm(total=total, initial=self.state.global_step, desc="train", unit="step", dynamic_ncols=True) as bar:
+        with progress(total=total, initial=self.state.global_step, desc="train", unit="step") as bar:
             while self.state.global_step < total:
                 metrics = self.train_step(prefetch=self.state.global_step + 1 < total)
                 self.state.global_step += 1

@@ -130,8 +130,14 @@ class Cluster:
         # JobConfig.code_search_path: it makes Ray import every function from files, and classes
         # defined in a script's __main__ then never load.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
-        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
+        # A worker's output reaches the driver's log line by line, never a terminal: Hugging Face's
+        # "Loading weights" / "Writing model shards" bars would be a wall of redraws per worker.
+        quiet = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths), "HF_HUB_DISABLE_PROGRESS_BARS": quiet}}
         if self.config.address is None:
+            # Ray turns token authentication on for a new local cluster and warns that it did, on every
+            # start; saying so explicitly keeps it on without the warning (RAY_AUTH_MODE=disabled opts out).
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
             ray.init(num_cpus=self.config.num_cpus or os.cpu_count(), include_dashboard=False,
                      _node_ip_address=LOOPBACK, log_to_driver=True, runtime_env=runtime_env)
             self._embedded = True
