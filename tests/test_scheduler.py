@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -223,3 +225,16 @@ def test_a_constructor_that_raises_fails_the_launch(cluster):
 def test_worker_outside_a_group_says_so():
     with pytest.raises(RuntimeError, match="RANK is not set: this Worker was not started by a WorkerGroup"):
         EnvWorker().rank
+
+
+def test_an_embedded_cluster_starts_in_a_fresh_home(tmp_path):
+    """CI and a user's first run have no ~/.ray/auth_token: the embedded cluster must start anyway."""
+    script = ("from rlinf_search.scheduler import Cluster, ClusterConfig\n"
+              "with Cluster(ClusterConfig(num_cpus=1)) as c:\n"
+              "    print('nodes', len(c.nodes))\n")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("RAY_AUTH_MODE", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "nodes 1" in done.stdout

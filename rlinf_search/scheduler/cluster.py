@@ -135,9 +135,10 @@ class Cluster:
         quiet = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths), "HF_HUB_DISABLE_PROGRESS_BARS": quiet}}
         if self.config.address is None:
-            # Ray turns token authentication on for a new local cluster and warns that it did, on every
-            # start; saying so explicitly keeps it on without the warning (RAY_AUTH_MODE=disabled opts out).
-            os.environ.setdefault("RAY_AUTH_MODE", "token")
+            # Leave RAY_AUTH_MODE alone: unset, ray.init writes ~/.ray/auth_token on a new machine and
+            # turns token auth on (with one warning). Set here, after Ray read its config at import, the
+            # driver skips writing the token, the GCS server it spawns finds none and dies, and ray.init
+            # times out (tests/test_scheduler.py starts a cluster in a fresh HOME to hold this).
             ray.init(num_cpus=self.config.num_cpus or os.cpu_count(), include_dashboard=False,
                      _node_ip_address=LOOPBACK, log_to_driver=True, runtime_env=runtime_env)
             self._embedded = True
