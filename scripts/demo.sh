@@ -8,9 +8,9 @@ set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
 OUT="${DEMO_OUT:-outputs/demo}"
-RL_STEPS="${DEMO_RL_STEPS:-40}"
+RL_STEPS="${DEMO_RL_STEPS:-30}"
 READING_STEPS="${DEMO_READING_STEPS:-300}"  # warm start, first: language modelling, passages included
-SKILL_STEPS="${DEMO_SKILL_STEPS:-600}"   # then good searches only (observations masked): querying, copying
+SKILL_STEPS="${DEMO_SKILL_STEPS:-500}"   # then good searches only (observations masked): querying, copying
 MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all
 EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
 SEED="${DEMO_SEED:-0}"

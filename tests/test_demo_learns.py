@@ -2,7 +2,8 @@
 
 Heavy lane (``bash scripts/test.sh --heavy``): it builds the model, data and index, warm-starts,
 trains with GRPO through the worker groups on a local Ray cluster and evaluates before and after,
-exactly as a user's first command does, scoring fewer held-out questions (200 instead of 300).
+exactly as a user's first command does, scoring fewer held-out questions (200 instead of 300), on
+seed 1: the demo's default is seed 0, and a gain that only one seed shows is tuning, not learning.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.heavy
 def test_short_demo_run_learns_to_search(tmp_path):
-    env = {**os.environ, "DEMO_OUT": str(tmp_path / "demo"), "DEMO_EVAL_N": "200"}
+    env = {**os.environ, "DEMO_OUT": str(tmp_path / "demo"), "DEMO_EVAL_N": "200", "DEMO_SEED": "1"}
     result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -31,10 +32,9 @@ def test_short_demo_run_learns_to_search(tmp_path):
     before, after = summary["warm_start"], summary["after_rl"]
     assert (before["em"], after["em"]) == (float(match[1]), float(match[2]))
     # A regression that stops learning keeps held-out EM where the warm start left it and the training
-    # reward flat. The margins are what the demo reliably shows on every machine measured so far (it
-    # gained +0.03 to +0.29 held-out EM, depending on where the warm start lands: docs/results.md);
-    # a larger gain on every seed is issue 12's goal, not yet met.
-    assert after["em"] - before["em"] >= 0.02, summary
+    # reward flat. The full demo gains +0.20 or more on seeds 0, 1 and 2 (docs/results.md); 0.15 leaves
+    # room for the 200-question sample (one standard error of a difference is about 0.04).
+    assert after["em"] - before["em"] >= 0.15, summary
     rows = [json.loads(line) for line in (tmp_path / "demo" / "rl" / "logs" / "metrics.jsonl").read_text().splitlines()]
     rewards = [row["reward/mean"] for row in rows if "reward/mean" in row]
     assert len(rewards) >= 20, len(rewards)
