@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 
 ROLLOUTS_DIR = "rollouts"
 
@@ -45,11 +45,11 @@ class DumpedTrajectory:
     """Generation calls."""
 
 
-def dump_row(record: QARecord, traj: Trajectory, score: dict[str, float]) -> DumpedTrajectory:
+def dump_row(record: QARecord, traj: Trajectory, score: RewardScore) -> DumpedTrajectory:
     return DumpedTrajectory(
         uid=traj.uid, data_source=record.data_source, question=record.question, prompt=record.prompt,
         golden_answers=list(record.golden_answers), response=[{"kind": s.kind, "text": s.text} for s in traj.spans],
-        queries=list(traj.queries), reward=float(score["reward"]), em=float(score["em"]),
+        queries=list(traj.queries), reward=float(score.reward), em=float(score.em),
         finish_reason=traj.finish_reason, num_turns=traj.num_turns)
 
 

@@ -28,17 +28,18 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
     placement = cluster.placement
     require_training_backend(config.actor, device_kind=cluster.device_kind,
                              actor_ranks=len(placement["actor"].ranks))
-    actor = ActorWorker.create_group(config, str(resume) if resume else None).launch(
+    actor = ActorWorker.create_group(config.actor, str(resume) if resume else None).launch(
         cluster, placement["actor"], name=config.actor_group)
-    rollout = RolloutWorker.create_group(config).launch(cluster, placement["rollout"], name=config.rollout_group)
-    reward = RewardWorker.create_group(config).launch(cluster, placement["reward"], name=config.reward_group)
+    rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(cluster, placement["rollout"], name=config.rollout_group)
+    reward = RewardWorker.create_group(config.reward).launch(cluster, placement["reward"], name=config.reward_group)
     critic = None
     if config.critic is not None:  # on the actor's devices: it trains on the same rows at the same time
-        critic = CriticWorker.create_group(config, str(resume) if resume else None).launch(
+        critic = CriticWorker.create_group(config.critic, config.actor.offload, str(resume) if resume else None).launch(
             cluster, placement["actor"], name=config.critic.group_name)
     inference = None
     if config.inference.separate:  # else the actor computes the log-probs on its own devices
-        inference = InferenceWorker.create_group(config).launch(
+        inference = InferenceWorker.create_group(config.actor, config.inference, policy=config.recompute_logprobs,
+                                                 reference=config.actor.loss.kl_beta > 0).launch(
             cluster, placement["inference"], name=config.inference.group_name)
     return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference)
 

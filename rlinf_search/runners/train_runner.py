@@ -23,10 +23,10 @@ from rlinf_search.agents.searchr1.metrics import rollout_metrics
 from rlinf_search.algorithms import compute_advantages
 from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch, collate_trajectories
-from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.progress import progress
-from rlinf_search.runners.checkpoint import (
+from rlinf_search.checkpoint import (
     CRITIC_SUBDIR,
     RunnerState,
     begin_checkpoint,
@@ -181,7 +181,7 @@ class SearchR1Runner:
             self.groups.rollout.call("offload").wait()
         return trajectories
 
-    def _score(self, trajectories: list[Trajectory]) -> list[dict[str, float]]:
+    def _score(self, trajectories: list[Trajectory]) -> list[RewardScore]:
         return self.groups.reward.call("score", trajectories).wait()[0]
 
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
@@ -224,7 +224,8 @@ class SearchR1Runner:
         recompute, kl = self.config.recompute_logprobs, self.config.actor.loss.kl_beta > 0
         if recompute or kl:
             group = self.groups.inference if self.groups.inference is not None else self.groups.actor
-            results = group.call("compute_logprobs", batch).wait()  # each rank scores its share of the rows
+            # Each rank scores its share of the rows.
+            results = group.call("compute_logprobs", batch, old=recompute, ref=kl).wait()
             shape = tuple(batch.response_mask.shape)
             batch.old_logprobs = place_rows(shape, [(r.rows, r.old) for r in results]) if recompute else None
             batch.ref_logprobs = place_rows(shape, [(r.rows, r.ref) for r in results]) if kl else None
@@ -270,7 +271,7 @@ class SearchR1Runner:
             scores = self._score(trajectories)
         self._dump(f"step_{self.state.global_step + 1}", records, trajectories, scores,
                    keep=spread(len(trajectories), self.config.runner.rollout_dump))
-        batch = collate_trajectories(trajectories, [s["reward"] for s in scores], pad_id=0)
+        batch = collate_trajectories(trajectories, [s.reward for s in scores], pad_id=0)
         with timer.phase("inference"):
             self._logprobs(batch)
         with timer.phase("advantages"):  # with a critic, its forward pass is most of it
@@ -287,7 +288,7 @@ class SearchR1Runner:
             metrics.update(batch_value_metrics(batch))
         return metrics
 
-    def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[dict],
+    def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[RewardScore],
               *, keep: list[int]) -> None:
         """``runner.rollout_dump``: the trajectories at ``keep`` to ``output_dir/rollouts/{name}.jsonl``.
         ``records[i // samples]`` is trajectory i's prompt (each prompt's samples are consecutive)."""
@@ -311,8 +312,8 @@ class SearchR1Runner:
     def _step_metrics(self, trajectories, scores, rank_metrics: list[dict], timer: StepTimer) -> dict[str, float]:
         """``rank_metrics``: one dict per trained rank (actor and critic); each key is averaged over ranks."""
         metrics = rollout_metrics(trajectories)
-        metrics["reward/mean"] = sum(s["reward"] for s in scores) / len(scores)
-        metrics["reward/em"] = sum(s["em"] for s in scores) / len(scores)
+        metrics["reward/mean"] = sum(s.reward for s in scores) / len(scores)
+        metrics["reward/em"] = sum(s.em for s in scores) / len(scores)
         for key in dict.fromkeys(key for m in rank_metrics for key in m):
             reported = [m[key] for m in rank_metrics if key in m]
             metrics[key] = sum(reported) / len(reported)
@@ -383,17 +384,17 @@ class SearchR1Runner:
 
 
 def validation_metrics(records: list[QARecord], trajectories: list[Trajectory],
-                       scores: list[dict]) -> dict[str, float]:
+                       scores: list[RewardScore]) -> dict[str, float]:
     """Means over all validation questions, and EM and searches per data source."""
     def mean(values) -> float:
         values = list(values)
         return sum(values) / len(values)
 
-    metrics = {"val/em": mean(s["em"] for s in scores), "val/reward": mean(s["reward"] for s in scores),
+    metrics = {"val/em": mean(s.em for s in scores), "val/reward": mean(s.reward for s in scores),
                "val/searches_per_trajectory": mean(t.num_searches for t in trajectories)}
     for source in sorted({r.data_source for r in records}):
         rows = [i for i, r in enumerate(records) if r.data_source == source]
-        metrics[f"val/em/{source}"] = mean(scores[i]["em"] for i in rows)
+        metrics[f"val/em/{source}"] = mean(scores[i].em for i in rows)
         metrics[f"val/searches/{source}"] = mean(trajectories[i].num_searches for i in rows)
     return metrics
 
