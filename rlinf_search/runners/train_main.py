@@ -13,7 +13,9 @@ from rlinf_search.config import ConfigError, RunConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
-from rlinf_search.runners.train_runner import Groups, SearchR1Runner, find_resume_point
+from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.resume import find_resume_point
+from rlinf_search.runners.train_runner import SearchR1Runner
 from rlinf_search.scheduler import Cluster
 from rlinf_search.workers.actor.backends import require_training_backend
 from rlinf_search.workers.actor.worker import ActorWorker
@@ -65,7 +67,7 @@ def save_settings(config: RunConfig) -> Path:
 
 
 def train(config: RunConfig) -> None:
-    resume = find_resume_point(config)
+    resume = find_resume_point(config.runner)
     prompts = read_prompts(config)
     save_settings(config)
     with Cluster(config.cluster) as cluster:
