@@ -30,6 +30,7 @@ from rlinf_search.config_schema import (
     get_float,
     get_int,
     get_precision,
+    get_registered,
 )
 from rlinf_search.config_rlinf import adapt_rlinf_config, is_rlinf_config
 from rlinf_search.config_update import actor_config, critic_config, forward_rows
@@ -44,6 +45,7 @@ from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.inference.config import InferenceConfig
+from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.rollout.base import engine_factory
 from rlinf_search.workers.rollout.config import VLLM_ONLY_KEYS, RolloutConfig
 
@@ -179,10 +181,8 @@ class RunConfig:
     """Data order and engine sampling seed."""
     prompt_limit: PromptLimit
     """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
-    reward_score: str
-    """Reward name (``em``, ``subem``, ``f1``, ``format_em``)."""
-    reward_scale: float
-    """Multiplier of the reward."""
+    reward: RewardConfig
+    """``reward``: the RewardGroup's own section."""
     actor_group: str = "ActorGroup"
     """``actor.group_name``: the name the actor's worker group is launched under (logs, errors)."""
     rollout_group: str = "RolloutGroup"
@@ -382,9 +382,7 @@ def _batching(raw: dict) -> tuple[int, int, str]:
     group_size = get_int(raw, "algorithm.group_size", 4, minimum=1)  # RLinf's Search-R1 recipe uses 4
     batch = get_int(raw, "data.rollout_batch_size", 1, minimum=1)
     minibatches = get_int(raw, "algorithm.n_minibatches", 1, minimum=1)
-    adv_type = get(raw, "algorithm.adv_type", "grpo")
-    if adv_type not in ADVANTAGE_ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_type: unknown {adv_type!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}")
+    adv_type = get_registered(raw, "algorithm.adv_type", "grpo", ADVANTAGE_ESTIMATORS)
     if adv_type in ("grpo", "grpo_no_std", "rloo", "reinforce_plus_plus_baseline") and group_size < 2:
         raise ConfigError(f"algorithm.group_size must be >= 2 for {adv_type}: a group of one has advantage 0")
     use_critic = get_bool(raw, "critic.use_critic_model", False)
@@ -400,16 +398,14 @@ def _batching(raw: dict) -> tuple[int, int, str]:
     return group_size, batch, adv_type
 
 
-def reward_settings(raw: dict) -> tuple[str, float]:
-    """(``reward.score``, ``reward.reward_scale``); ``reward.reward_type`` names the one reward family."""
+def reward_settings(raw: dict) -> RewardConfig:
+    """``reward.score`` and ``reward.reward_scale``; ``reward.reward_type`` names the one reward family."""
     reward_type = get(raw, "reward.reward_type", REWARD_TYPES[0])
     if reward_type not in REWARD_TYPES:
         raise ConfigError(f"reward.reward_type: unknown {reward_type!r}; choose {', '.join(REWARD_TYPES)} "
                           "(reward.score picks the variant)")
-    score = get(raw, "reward.score", "em")
-    if score not in REWARDS:
-        raise ConfigError(f"reward.score: unknown {score!r}; choose one of {sorted(REWARDS)}")
-    return score, get_float(raw, "reward.reward_scale", 1.0)
+    return RewardConfig(score=get_registered(raw, "reward.score", RewardConfig.score, REWARDS),
+                        scale=get_float(raw, "reward.reward_scale", RewardConfig.scale))
 
 
 def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
@@ -428,7 +424,6 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     if retokenize and not recompute:
         raise ConfigError("agentloop.retokenize: true needs algorithm.recompute_logprobs: true: re-tokenized ids "
                           "were never scored by the engine, so their old log-probs must be recomputed")
-    score, scale = reward_settings(raw)
     groups = _group_names(raw)
     sampling = _sampling(raw)
     rollout = _rollout(raw, sampling, recompute=recompute)
@@ -449,7 +444,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", True),
         inference=_inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta,
                              group_name=groups["inference"]),
-        seed=get_int(raw, "data.seed", 0), prompt_limit=limit, reward_score=score, reward_scale=scale, actor_group=groups["actor"],
+        seed=get_int(raw, "data.seed", 0), prompt_limit=limit, reward=reward_settings(raw), actor_group=groups["actor"],
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", True),
         gamma=get_float(raw, "algorithm.gamma", 1.0), lam=get_float(raw, "algorithm.lam", 1.0),

@@ -7,10 +7,13 @@ a value of the wrong type is a ``ConfigError`` naming the key, never a ``TypeErr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlinf_search.workers.actor.megatron.config import CONVERTER_KEYS as MEGATRON_CONVERTER_KEYS
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
+
+if TYPE_CHECKING:
+    from rlinf_search.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +175,16 @@ def get_precision(raw: dict, dotted: str, default: str | None, *, training: bool
         raise ConfigError(f"{dotted}: fp16 training needs loss scaling, which this trainer does not do; use bf16 "
                           "(bf16 compute over fp32 master weights) or fp32")
     return PRECISIONS[value]
+
+
+def get_registered(raw: dict, dotted: str, default: str | None, registry: Registry) -> str | None:
+    """The name at ``dotted`` after checking that ``registry`` resolves it (a built-in, a registered
+    entry or a dotted path that imports), so a bad name stops the run at start-up; None stays None."""
+    name = get(raw, dotted, default)
+    if name is None:
+        return None
+    try:
+        registry.resolve(name, key=dotted)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return name

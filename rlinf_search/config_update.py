@@ -5,7 +5,7 @@ keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_
 
 from __future__ import annotations
 
-from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
 from rlinf_search.config_schema import (
     ConfigError,
     get,
@@ -13,6 +13,7 @@ from rlinf_search.config_schema import (
     get_float,
     get_int,
     get_precision,
+    get_registered,
     get_section,
 )
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
@@ -27,12 +28,8 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
     symmetric = get_float(raw, "algorithm.ratio_clip_eps", None)
     low = get_float(raw, "algorithm.clip_ratio_low", 0.2 if symmetric is None else symmetric)
     high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
-    loss_agg = get(raw, "algorithm.loss_agg_func", "token-mean")
-    kl_type = get(raw, "algorithm.kl_penalty_type", "low_var_kl")
-    for path, value, registry in (("algorithm.loss_agg_func", loss_agg, LOSS_AGGREGATIONS),
-                                  ("algorithm.kl_penalty_type", kl_type, KL_ESTIMATORS)):
-        if value not in registry:
-            raise ConfigError(f"{path}: unknown {value!r}; choose one of {sorted(registry)}")
+    loss_agg = get_registered(raw, "algorithm.loss_agg_func", "token-mean", LOSS_AGGREGATIONS)
+    kl_type = get_registered(raw, "algorithm.kl_penalty_type", "low_var_kl", KL_ESTIMATORS)
     kl_beta = get_float(raw, "algorithm.kl_beta", 0.0)
     if kl_beta < 0:
         raise ConfigError("algorithm.kl_beta must be >= 0")
@@ -41,9 +38,7 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
     clip_c = None if dual_clip_off else get_float(raw, "algorithm.clip_ratio_c", 3.0)
     if clip_c is not None and clip_c <= 1:
         raise ConfigError(f"algorithm.clip_ratio_c must be > 1 (or null to turn dual clip off), got {clip_c}")
-    correction = get(raw, "algorithm.mismatch_correction")
-    if correction not in (None, "tis", "mask"):
-        raise ConfigError(f"algorithm.mismatch_correction must be null, tis or mask, got {correction!r}")
+    correction = get_registered(raw, "algorithm.mismatch_correction", None, MISMATCH_CORRECTIONS)
     return PolicyLossConfig(
         clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, loss_agg_func=loss_agg, kl_beta=kl_beta,
         kl_penalty_type=kl_type, entropy_bonus=get_float(raw, "algorithm.entropy_bonus", 0.0),
@@ -129,8 +124,10 @@ def _megatron(raw: dict, backend: str, model_path: str) -> MegatronConfig | None
 
     Only the config is checked here, so a GPU recipe validates on any machine; whether megatron-core
     and GPUs are there is checked when the run starts (``require_training_backend``)."""
-    if backend not in TRAINING_BACKENDS:
-        raise ConfigError(f"actor.training_backend: unknown {backend!r}; choose one of {sorted(TRAINING_BACKENDS)}")
+    try:
+        TRAINING_BACKENDS.resolve(backend, key="actor.training_backend")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     actor = get(raw, "actor", {})
     if backend != "megatron":
         named = [f"actor.model.{key}" for key in MEGATRON_MODEL_KEYS if key in (actor.get("model") or {})]

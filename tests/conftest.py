@@ -49,7 +49,7 @@ def adam_steps(folder: Path, scratch: Path) -> set[int]:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from rlinf_search.runners.checkpoint import TRAINING_STATE
+    from rlinf_search.checkpoint import TRAINING_STATE
 
     state = torch.load(folder / TRAINING_STATE, weights_only=False)
     assert "optimizer" not in state, "fsdp keeps the optimizer as rank shards, not in training_state.pt"

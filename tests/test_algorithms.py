@@ -13,7 +13,6 @@ from rlinf_search.algorithms import (
     AdvantageOutput,
     compute_advantages,
     register_advantage,
-    resolve,
 )
 from rlinf_search.algorithms.advantages import grpo
 
@@ -209,7 +208,7 @@ def test_user_registered_estimator_is_used_by_compute_advantages():
         with pytest.raises(ValueError, match="already registered"):
             register_advantage("test_constant_two")(grpo)
     finally:
-        del ADVANTAGE_ESTIMATORS["test_constant_two"]
+        ADVANTAGE_ESTIMATORS.unregister("test_constant_two")
 
 
 def test_dotted_path_estimator(tmp_path, monkeypatch):
@@ -223,6 +222,6 @@ def test_dotted_path_estimator(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     out = compute_advantages("my_advantages.minus_one", response_mask=RF_MASK, rewards=torch.tensor([1.0, 0.0]))
     close(out.advantages, -RF_MASK.float())
-    assert resolve("rlinf_search.algorithms.advantages.grpo", ADVANTAGE_ESTIMATORS) is grpo
+    assert ADVANTAGE_ESTIMATORS.resolve("rlinf_search.algorithms.advantages.grpo") is grpo
     with pytest.raises(ValueError, match="cannot import"):
-        resolve("my_advantages.nope", ADVANTAGE_ESTIMATORS, kind="advantage estimator")
+        ADVANTAGE_ESTIMATORS.resolve("my_advantages.nope")

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_search.plot import main as plot_main
 from rlinf_search.plot import moving_average
-from rlinf_search.runners.checkpoint import (
+from rlinf_search.checkpoint import (
     COMPLETE_MARK,
     HF_SUBDIR,
     RunnerState,

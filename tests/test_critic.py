@@ -20,7 +20,7 @@ from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.retrieval.build_index import main as build_index_main
 from rlinf_search.retrieval.launch import RetrievalServerProcess
-from rlinf_search.runners.checkpoint import (
+from rlinf_search.checkpoint import (
     CRITIC_SUBDIR,
     HF_SUBDIR,
     TRAINING_STATE,

@@ -77,6 +77,6 @@ def test_register_encoder_and_missing_model_message(tmp_path, minilm):
     try:
         assert DenseEncoder("minilm-cls").encode_queries(["x"]).shape == (1, 384)
     finally:
-        ENCODER_SPECS.pop("minilm-cls")
+        ENCODER_SPECS.unregister("minilm-cls")
     with pytest.raises(OSError, match="Pass --model with a local model directory"):
         DenseEncoder("minilm", str(tmp_path / "no-model-here"))

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 
 from rlinf_search.config import ConfigError, validate_cfg
 from rlinf_search.data.batch import collate_trajectories
+from rlinf_search.recipe_loader import compose_recipe
 from rlinf_search.workers.actor.backends import BackendUnavailable, require_training_backend
 from rlinf_search.workers.actor.megatron.hf_io import read_hf_config, read_hf_state
 from rlinf_search.workers.actor.megatron.weights import QwenLayout, hf_to_megatron
@@ -94,7 +95,7 @@ def test_rlinf_converter_script_takes_rlinf_positional_arguments(tiny_model_dir,
 
 def test_converter_reads_a_run_config_and_checks_its_sizes(tiny_model_dir, tmp_path, capsys):
     ckpt = _megatron_checkpoint(tiny_model_dir, tmp_path / "megatron", tp=2, pp=1)
-    cfg = OmegaConf.load(RECIPE)
+    cfg = compose_recipe(RECIPE)
     cfg.rollout.model.model_path = str(tiny_model_dir)
     cfg.runner.output_dir = str(tmp_path / "run")
     OmegaConf.save(cfg, tmp_path / "run.yaml")
@@ -139,7 +140,7 @@ def test_converter_errors_are_one_line(tiny_model_dir, untied_model_dir, tmp_pat
 
 @pytest.fixture()
 def recipe(tmp_path):
-    cfg = OmegaConf.load(RECIPE)
+    cfg = compose_recipe(RECIPE)
     prompts = tmp_path / "prompts.jsonl"  # validation counts the prompts (a batch at least), it does not parse them
     prompts.write_text("{}\n" * cfg.data.rollout_batch_size)
     cfg.data.train_data_paths = [str(prompts)]

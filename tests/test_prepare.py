@@ -243,7 +243,7 @@ def test_user_registered_reader(tmp_path):
         assert [(r.uid, r.golden_answers) for r in prepare(tsv, "test_tsv")] == [
             ("trivia-0", ["Paris"]), ("trivia-1", ["Lima"])]
     finally:
-        READERS.pop("test_tsv")
+        READERS.unregister("test_tsv")
 
 
 def test_cli_reader_by_module_path(tmp_path):

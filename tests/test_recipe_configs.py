@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from rlinf_search.config import ConfigError, validate_cfg
+from rlinf_search.recipe_loader import compose_recipe as compose_recipe_file
 from rlinf_search.runners.eval_config import validate_eval_cfg
 from tests.conftest import HOTPOT_DIR
 
@@ -109,3 +111,21 @@ def test_eval_launcher_scores_the_tiny_model_on_cpu(tmp_path, tiny_model_dir, ho
     saved = json.loads((out / "eval_results.json").read_text())
     assert saved["overall"]["n"] == 6 and "reward" in saved["overall"]
     assert saved["model"] == str(tiny_model_dir) and len(list((tmp_path / "logs").glob("*.log"))) == 1
+
+
+def test_the_training_recipes_share_everything_but_their_actor():
+    """The FSDP and Megatron recipes compose the same shared groups (searchr1/, placement/, model/,
+    logging/): they differ in the actor's backend and layout and in what names and sizes the run."""
+    fsdp = OmegaConf.to_container(compose_recipe(TRAIN_RECIPE, []), resolve=False)
+    megatron = OmegaConf.to_container(compose_recipe("qwen2.5-3b-tool-1node", []), resolve=False)
+    for cfg in (fsdp, megatron):
+        cfg.pop("actor"), cfg.pop("inference", None)
+        cfg["runner"].pop("experiment_name"), cfg["runner"].pop("max_tokens_per_mbs")
+    assert fsdp == megatron
+
+
+def test_a_recipe_path_composes_its_shared_groups():
+    """Tools handed a recipe file (the Megatron converter's --config) see the keys its groups hold."""
+    cfg = compose_recipe_file(EXAMPLES / "config" / "qwen2.5-3b-tool-1node.yaml", ["runner.output_dir=/tmp/x"])
+    assert cfg.rollout.model.model_path == "/models/Qwen2.5-3B-Instruct" and cfg.cluster.num_gpus_per_node == 8
+    assert cfg.actor.megatron.ckpt_convertor.save_path == "/tmp/x/converted_hf"

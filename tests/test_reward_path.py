@@ -13,9 +13,10 @@ from transformers import AutoTokenizer
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop, graded_text
 from rlinf_search.agents.searchr1.protocol import INVALID_ACTION_OBSERVATION, parse_action
-from rlinf_search.data.io_struct import QARecord, ResponseSpan
+from rlinf_search.data.io_struct import QARecord, ResponseSpan, RewardScore
 from rlinf_search.retrieval.build_index import main as build_index_main
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
+from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
 
@@ -48,20 +49,20 @@ def _roll(tokenizer, tool_config, turns, **loop_kwargs):
 
 
 def _grade(traj, score="em"):
-    return RewardWorker(SimpleNamespace(reward_score=score, reward_scale=1.0)).score([traj])[0]
+    return RewardWorker(RewardConfig(score=score)).score([traj])[0]
 
 
 def test_a_correct_answer_after_an_invalid_turn_scores(tokenizer, tagged_corpus_tool):
     traj = _roll(tokenizer, tagged_corpus_tool, ["I am not sure yet.", "<answer> Paris </answer>"], max_turns=2)
     assert traj.finish_reason == "answer" and [s.kind for s in traj.spans] == ["model", "correction", "model"]
-    assert _grade(traj) == {"reward": 1.0, "em": 1.0}
+    assert _grade(traj) == RewardScore(reward=1.0, em=1.0)
     assert parse_action(INVALID_ACTION_OBSERVATION).kind == "invalid", "the correction holds no action"
 
 
 def test_a_trajectory_that_never_answers_has_no_answer(tokenizer, tagged_corpus_tool):
     traj = _roll(tokenizer, tagged_corpus_tool, ["hmm", "still thinking", "no idea"], max_turns=2)
     assert traj.finish_reason == "max_turns" and "<answer>" not in traj.graded_text
-    assert _grade(traj, "format_em")["reward"] == 0.0, "no answer earns nothing, not wrong-format credit"
+    assert _grade(traj, "format_em").reward == 0.0, "no answer earns nothing, not wrong-format credit"
 
 
 def test_the_last_turn_is_cut_at_search(tokenizer, tagged_corpus_tool):
@@ -71,7 +72,7 @@ def test_the_last_turn_is_cut_at_search(tokenizer, tagged_corpus_tool):
     final = traj.spans[-1]
     assert final.kind == "model" and final.end == len(traj.response_ids), "nothing follows the cut"
     assert tokenizer.decode(traj.response_ids[final.start: final.end]) == "<search> capital of France </search>"
-    assert _grade(traj) == {"reward": 0.0, "em": 0.0}
+    assert _grade(traj) == RewardScore(reward=0.0, em=0.0)
 
 
 def test_passage_tags_reach_neither_the_model_nor_the_reward(tokenizer, tagged_corpus_tool):
@@ -80,8 +81,8 @@ def test_passage_tags_reach_neither_the_model_nor_the_reward(tokenizer, tagged_c
     observation = tokenizer.decode(traj.response_ids[traj.spans[1].start: traj.spans[1].end])
     assert "Lyon" in observation and "fake query" in observation
     assert observation.count("<") == 2 and observation.count("</") == 1, "only the <information> wrapper"
-    assert _grade(traj) == {"reward": 1.0, "em": 1.0}
-    assert _grade(traj, "format_em")["reward"] == 1.0, "a valid structure: search, information, answer"
+    assert _grade(traj) == RewardScore(reward=1.0, em=1.0)
+    assert _grade(traj, "format_em").reward == 1.0, "a valid structure: search, information, answer"
 
 
 def test_the_graded_text_keeps_only_model_tags_even_if_an_observation_had_some():
@@ -91,5 +92,5 @@ def test_the_graded_text_keeps_only_model_tags_even_if_an_observation_had_some()
              ResponseSpan("model", 3, 4, "<answer> Lyon </answer>")]
     text = graded_text(spans)
     assert text.count("<answer>") == 1 and text.count("<information>") == 1
-    assert _grade(SimpleNamespace(graded_text=text, golden_answers=["Paris"]))["em"] == 0.0
-    assert _grade(SimpleNamespace(graded_text=text, golden_answers=["Lyon"]))["em"] == 1.0
+    assert _grade(SimpleNamespace(graded_text=text, golden_answers=["Paris"])).em == 0.0
+    assert _grade(SimpleNamespace(graded_text=text, golden_answers=["Lyon"])).em == 1.0

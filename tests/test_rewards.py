@@ -199,5 +199,5 @@ def test_user_registered_reward():
         with pytest.raises(ValueError, match="already registered"):
             register_reward("em_short", shortest_answer_bonus)
     finally:
-        REWARDS.pop("em_short")
+        REWARDS.unregister("em_short")
     assert "em_short" not in REWARDS

@@ -106,7 +106,7 @@ def test_eval_config_loads(data_file):
     config = validate_eval_cfg(compose_rlinf(EVAL_CONFIG, [f"data.val_data_paths=[{data_file}]", ON_GPUS]))
     assert set(config.placement.components) == {"rollout", "reward"} and config.samples_per_prompt == 1
     assert config.rollout.backend == "vllm" and config.agent_loop.max_turns == 2
-    assert config.reward_score == "em"
+    assert config.reward.score == "em"
 
 
 def test_without_gpus_the_placement_error_is_one_line(data_file):

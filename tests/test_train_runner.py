@@ -23,7 +23,7 @@ from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.prepare import load_records
 from rlinf_search.retrieval.build_index import main as build_index_main
 from rlinf_search.retrieval.launch import RetrievalServerProcess
-from rlinf_search.runners.checkpoint import latest_checkpoint, load_checkpoint
+from rlinf_search.checkpoint import latest_checkpoint, load_checkpoint
 from rlinf_search.runners.train_main import launch_groups
 from rlinf_search.runners.train_runner import SearchR1Runner
 from rlinf_search.scheduler import Cluster
@@ -87,8 +87,9 @@ def _command(cfg, tmp_path) -> list[str]:
     return [sys.executable, "-c", _TRAIN, str(path)]
 
 
-def _run(cfg, tmp_path) -> subprocess.CompletedProcess:
-    return subprocess.run(_command(cfg, tmp_path), capture_output=True, text=True, timeout=900, cwd=ROOT)
+def _run(cfg, tmp_path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(cfg, tmp_path), capture_output=True, text=True, timeout=900, cwd=ROOT,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -149,13 +150,36 @@ def test_inference_group_on_its_own_slot_scores_like_the_actor(tmp_path, synth, 
         records = load_records(config.val_data_paths[0])[:4]
         trajectories = groups.rollout.call_on(0, "rollout", records, 2).wait()
         batch = collate_trajectories(trajectories, [0.0] * len(trajectories), pad_id=0)
-        ours = groups.inference.call_on(0, "compute_logprobs", batch).wait()
-        actors = groups.actor.call_on(0, "compute_logprobs", batch).wait()
+        ours = groups.inference.call_on(0, "compute_logprobs", batch, old=True, ref=True).wait()
+        actors = groups.actor.call_on(0, "compute_logprobs", batch, old=True, ref=True).wait()
         runner.weight_sync.close()
     mask = batch.response_mask.bool()
     torch.testing.assert_close(ours.old[mask], actors.old[mask], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.ref[mask], actors.ref[mask], atol=1e-5, rtol=0)
     assert (ours.old[mask] - ours.ref[mask]).abs().max() > 1e-3, "three updates moved the policy off the reference"
+
+
+def test_user_code_named_by_dotted_path_trains(tmp_path, synth, server, tiny_model_dir):
+    """An advantage estimator, a reward and a KL estimator from a user's module, named in the config."""
+    from tests.registry_plugins import KL_CONSTANT, REWARD_BONUS
+
+    cfg = _config(tmp_path, synth, server, tiny_model_dir, **{
+        "runner.max_steps": 2, "runner.val_check_interval": 0,
+        "algorithm.adv_type": "tests.registry_plugins.always_plus_one",
+        "algorithm.kl_penalty_type": "tests.registry_plugins.constant_kl",
+        "reward.score": "tests.registry_plugins.em_plus_quarter"})
+    # Ray workers import the plugin module as the driver does: from the repository root.
+    result = _run(cfg, tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["reward/mean"] >= REWARD_BONUS - 1e-6, "every reward carries the plugin's bonus"
+        assert row["reward/mean"] == pytest.approx(row["reward/em"] + REWARD_BONUS, abs=1e-6)
+        assert row["actor/kl"] == pytest.approx(KL_CONSTANT), "the plugin's KL estimate, on every token"
+    # GRPO's advantages average to zero; the plugin's are +1 on every token, so the loss is -ratio:
+    # -1 on the first update, held within the clip range after it.
+    assert -1.3 < rows[0]["actor/pg_loss"] < -0.7, rows[0]["actor/pg_loss"]
 
 
 def _batches(run_dir: Path) -> dict[int, dict]:

@@ -153,11 +153,13 @@ def converter_from_run_config(path: Path) -> CheckpointConverterConfig:
     from omegaconf import OmegaConf
 
     from rlinf_search.config import register_resolvers
+    from rlinf_search.recipe_loader import compose_recipe
 
     register_resolvers()
     if not path.is_file():
         raise ConversionError(f"config not found: {path}")
-    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    # A recipe's shared groups (its defaults list) hold keys its converter settings interpolate.
+    raw = OmegaConf.to_container(compose_recipe(path), resolve=True)
     actor = raw.get("actor") or {}
     if actor.get("training_backend") != "megatron":
         raise ConversionError(f"{path}: actor.training_backend is not megatron, so it has no converter settings")

@@ -2,7 +2,8 @@
 
 Tensors are batch-first ``[B, T]`` over response tokens with a ``response_mask`` (1 = model token,
 0 = observation or padding); everything acts only on mask-1 tokens. Variants are small functions in
-registries keyed by config names; user code is named by dotted path and found with :func:`resolve`.
+registries (:class:`rlinf_search.registry.Registry`) keyed by config names; user code is named by
+dotted path and found by the same ``resolve``.
 """
 
 from rlinf_search.algorithms.advantages import (
@@ -34,7 +35,6 @@ from rlinf_search.algorithms.losses import (
     entropy_from_logits,
     ppo_policy_loss,
 )
-from rlinf_search.algorithms.registry import resolve
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -60,6 +60,5 @@ __all__ = [
     "ppo_policy_loss",
     "register_advantage",
     "register_kl",
-    "resolve",
     "truncated_is_weights",
 ]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rlinf_search.algorithms.aggregation import masked_sum, masked_whiten, zero_outside
-from rlinf_search.algorithms.registry import registrar, resolve
+from rlinf_search.registry import Registry
 
 
 @dataclass
@@ -107,10 +107,10 @@ class AdvantageOutput:
 
 AdvantageEstimator = Callable[[AdvantageInputs], AdvantageOutput]
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-"""Advantage estimators by the name ``algorithm.adv_type`` uses."""
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+"""Advantage estimators by the name ``algorithm.adv_type`` uses (or a dotted path to one)."""
 
-register_advantage = registrar(ADVANTAGE_ESTIMATORS, kind="advantage estimator")
+register_advantage = ADVANTAGE_ESTIMATORS.register
 """``@register_advantage(name, overwrite=False)``: make an estimator available by name."""
 
 
@@ -119,7 +119,7 @@ def compute_advantages(name: str, **inputs) -> AdvantageOutput:
 
     A misspelt input raises TypeError (the dataclass has no such field).
     """
-    estimator = resolve(name, ADVANTAGE_ESTIMATORS, kind="advantage estimator")
+    estimator = ADVANTAGE_ESTIMATORS.resolve(name)
     with torch.no_grad():
         return estimator(AdvantageInputs(**inputs))
 

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from rlinf_search.registry import Registry
+
 WHITEN_EPS = 1e-8
 """Added to the variance before the square root when whitening (verl's ``masked_whiten``)."""
 
@@ -107,13 +109,12 @@ def seq_mean_token_sum_norm(token_losses, mask, *, global_token_count=None, num_
 LossAggregation = Callable[..., torch.Tensor]
 """``fn(token_losses [B, T], mask [B, T], *, global_token_count, num_sequences, norm_constant) -> scalar``."""
 
-LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
-    "token-mean": token_mean,
-    "seq-mean-token-sum": seq_mean_token_sum,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
-"""Aggregation modes by the name ``algorithm.loss_agg_func`` uses."""
+LOSS_AGGREGATIONS: Registry[LossAggregation] = Registry("loss aggregation")
+"""Aggregation modes by the name ``algorithm.loss_agg_func`` uses (or a dotted path to one)."""
+LOSS_AGGREGATIONS.register("token-mean", token_mean)
+LOSS_AGGREGATIONS.register("seq-mean-token-sum", seq_mean_token_sum)
+LOSS_AGGREGATIONS.register("seq-mean-token-mean", seq_mean_token_mean)
+LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm", seq_mean_token_sum_norm)
 
 
 def aggregate_loss(
@@ -130,7 +131,8 @@ def aggregate_loss(
     Args:
         token_losses: loss per token, ``[B, T]``.
         mask: response mask, ``[B, T]`` (1 = model token).
-        mode: ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``.
+        mode: ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm``,
+            a registered name or a dotted path.
         global_token_count: model tokens in the whole mini-batch (all micro-batches, all ranks); see the
             module docstring. Defaults to this call's own count. Used by ``token-mean``.
         num_sequences: trajectories in the whole mini-batch; defaults to this call's rows that hold a
@@ -139,9 +141,5 @@ def aggregate_loss(
     """
     if token_losses.shape != mask.shape:
         raise ValueError(f"token_losses {tuple(token_losses.shape)} and mask {tuple(mask.shape)} differ in shape")
-    try:
-        fn = LOSS_AGGREGATIONS[mode]
-    except KeyError:
-        raise ValueError(f"unknown loss aggregation {mode!r}; known: {', '.join(LOSS_AGGREGATIONS)}") from None
-    return fn(token_losses, mask, global_token_count=global_token_count, num_sequences=num_sequences,
+    return LOSS_AGGREGATIONS.resolve(mode)(token_losses, mask, global_token_count=global_token_count, num_sequences=num_sequences,
               norm_constant=norm_constant)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rlinf_search.algorithms.aggregation import masked_mean, zero_outside
+from rlinf_search.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 """old - roll is clamped to +-20 before exp, so rho is finite."""
@@ -103,10 +104,18 @@ def masked_is_weights(
 
 
 MismatchCorrection = Callable[..., ImportanceWeights]
-"""``fn(old_logprob, rollout_logprob, *, response_mask, **settings) -> ImportanceWeights``."""
+"""``fn(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights``: ``cap`` and ``low``
+are ``algorithm.mismatch_cap`` and ``algorithm.mismatch_low``; a correction reads the ones it needs."""
 
-MISMATCH_CORRECTIONS: dict[str, MismatchCorrection] = {
-    "tis": truncated_is_weights,
-    "mask": masked_is_weights,
-}
-"""Mismatch corrections by name."""
+MISMATCH_CORRECTIONS: Registry[MismatchCorrection] = Registry("mismatch correction")
+"""Mismatch corrections by the name ``algorithm.mismatch_correction`` uses (or a dotted path to one)."""
+
+
+@MISMATCH_CORRECTIONS.register("tis")
+def _truncated(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights:
+    return truncated_is_weights(old_logprob, rollout_logprob, response_mask=response_mask, cap=cap)
+
+
+@MISMATCH_CORRECTIONS.register("mask")
+def _masked(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights:
+    return masked_is_weights(old_logprob, rollout_logprob, response_mask=response_mask, low=low, high=cap)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from rlinf_search.algorithms.aggregation import zero_outside
-from rlinf_search.algorithms.registry import registrar, resolve
+from rlinf_search.registry import Registry
 
 KL_LOG_RATIO_CLAMP = 20.0
 """k3's x = ref - lp is clamped to +-20 before exp, so exp cannot overflow."""
@@ -28,10 +28,11 @@ KL_VALUE_CLAMP = 10.0
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-KL_ESTIMATORS: dict[str, KLEstimator] = {}
-"""KL estimators by name; ``k3`` and ``low_var_kl`` are the same function."""
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL penalty")
+"""KL estimators by the name ``algorithm.kl_penalty_type`` uses (or a dotted path to one); ``k3`` and
+``low_var_kl`` are the same function."""
 
-register_kl = registrar(KL_ESTIMATORS, kind="KL penalty")
+register_kl = KL_ESTIMATORS.register
 """``@register_kl(name, overwrite=False)``: make an estimator ``fn(logprob, ref_logprob)`` available by name."""
 
 
@@ -65,7 +66,7 @@ def kl_penalty(
 
     With ``mask``, mask-0 tokens are set to 0 (whatever their log-probs were).
     """
-    kl = resolve(kind, KL_ESTIMATORS, kind="KL penalty")(logprob, ref_logprob)
+    kl = KL_ESTIMATORS.resolve(kind)(logprob, ref_logprob)
     if mask is not None:
         kl = zero_outside(kl, mask)
     return kl

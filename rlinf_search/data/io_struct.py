@@ -131,3 +131,13 @@ class Trajectory:
     """Wall time spent waiting for the search tool."""
     total_time_s: float = 0.0
     """Wall time of the whole rollout."""
+
+
+@dataclass(frozen=True)
+class RewardScore:
+    """What the RewardGroup returns for one trajectory."""
+
+    reward: float
+    """The configured reward (``reward.score``), times ``reward.reward_scale``: what the trainer learns from."""
+    em: float
+    """Exact match of the last answer, whatever the reward: training and validation metrics report it."""

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlinf_search.registry import Registry
+
 PLACEHOLDER = "{question}"
 
 # Our own wording of the Search-R1 protocol: the tags and the stop points must match what the agent
@@ -37,13 +39,6 @@ BRIEF_TEMPLATE = (
     "Question: {question}\n"
 )
 
-TEMPLATES: dict[str, str] = {
-    "searchr1": SEARCHR1_TEMPLATE,
-    "brief": BRIEF_TEMPLATE,
-    "plain": PLACEHOLDER,
-}
-"""Built-in templates by name; :func:`register_template` adds more."""
-
 DEFAULT_TEMPLATE = "searchr1"
 
 
@@ -51,25 +46,39 @@ class TemplateError(ValueError):
     """A template name or file that cannot be used; the message names it."""
 
 
-def register_template(name: str, text: str, *, overwrite: bool = False) -> None:
-    """Add a template under ``name`` (it must contain ``{question}``)."""
-    if name in TEMPLATES and not overwrite:
-        raise TemplateError(f"template {name!r} is already registered (pass overwrite=True to replace it)")
-    _check_placeholder(text, f"template {name!r}")
-    TEMPLATES[name] = text
+def _check_placeholder(text: str, what: str) -> None:
+    if PLACEHOLDER not in text:
+        raise TemplateError(f"{what} has no {PLACEHOLDER} placeholder")
 
 
-def resolve_template(name_or_path: str) -> str:
-    """The template text for a registry name, else for a path to a UTF-8 text file."""
-    if name_or_path in TEMPLATES:
-        return TEMPLATES[name_or_path]
+def _template_file(name_or_path: str) -> str:
+    """A name no template is registered under is a path to a UTF-8 text file (instead of a dotted path)."""
     path = Path(name_or_path)
     if not path.is_file():
-        known = ", ".join(sorted(TEMPLATES))
+        known = ", ".join(TEMPLATES.names())
         raise TemplateError(f"template {name_or_path!r} is neither a registered name ({known}) nor a file")
     text = path.read_text(encoding="utf-8")
     _check_placeholder(text, f"template file {path}")
     return text
+
+
+TEMPLATES: Registry[str] = Registry("prompt template", fallback=_template_file, error=TemplateError,
+                                    check=lambda name, text: _check_placeholder(text, f"template {name!r}"))
+"""Templates by name (``searchr1``, ``brief``, ``plain``); :func:`register_template` adds more, and any other
+name is read as a path to a template file."""
+
+for _name, _text in (("searchr1", SEARCHR1_TEMPLATE), ("brief", BRIEF_TEMPLATE), ("plain", PLACEHOLDER)):
+    TEMPLATES.register(_name, _text)
+
+
+def register_template(name: str, text: str, *, overwrite: bool = False) -> None:
+    """Add a template under ``name`` (it must contain ``{question}``)."""
+    TEMPLATES.register(name, text, overwrite=overwrite)
+
+
+def resolve_template(name_or_path: str) -> str:
+    """The template text for a registry name, else for a path to a UTF-8 text file."""
+    return TEMPLATES.resolve(name_or_path)
 
 
 def render(template: str, question: str) -> str:
@@ -102,7 +111,3 @@ def apply_chat_template(messages: list[dict[str, str]], tokenizer: Any) -> str:
     """The messages as the model will see them, ending with the assistant's generation prompt."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-
-def _check_placeholder(text: str, what: str) -> None:
-    if PLACEHOLDER not in text:
-        raise TemplateError(f"{what} has no {PLACEHOLDER} placeholder")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_search.plugins import import_callable
+from rlinf_search.registry import Registry
 
 
 class PrepareError(Exception):
@@ -63,32 +63,18 @@ class SourceRecord:
 
 Reader = Callable[[Path], Iterable[SourceRecord]]
 
-READERS: dict[str, Reader] = {}
-"""Readers by format name (the ``--format`` value)."""
+READERS: Registry[Reader] = Registry("format", error=PrepareError)
+"""Readers by format name (the ``--format`` value); a ``module:function`` path names your own."""
 
 
 def register_reader(name: str, reader: Reader, *, overwrite: bool = False) -> None:
     """Make ``reader`` available as format ``name``."""
-    if name in READERS and not overwrite:
-        raise ValueError(f"reader {name!r} is already registered (pass overwrite=True to replace it)")
-    READERS[name] = reader
+    READERS.register(name, reader, overwrite=overwrite)
 
 
 def get_reader(name: str) -> Reader:
     """The registered reader ``name``, else the function a ``module:function`` path names."""
-    if name in READERS:
-        return READERS[name]
-    if ":" in name:
-        return _import_reader(name)
-    known = ", ".join(sorted(READERS))
-    raise PrepareError(f"unknown format {name!r}; known formats: {known} (or a module:function reader)")
-
-
-def _import_reader(dotted: str) -> Reader:
-    try:
-        return import_callable(dotted, kind="reader")
-    except ValueError as exc:
-        raise PrepareError(str(exc)) from None
+    return READERS.resolve(name)
 
 
 def fail(path: Path, location: str, problem: str) -> PrepareError:

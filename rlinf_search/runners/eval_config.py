@@ -37,6 +37,7 @@ from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement
 from rlinf_search.tools.search.config import SearchToolConfig
+from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.rollout.config import RolloutConfig
 
 EVAL_SCHEMA = {
@@ -84,10 +85,8 @@ class EvalConfig:
     """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
     reward_group: str
     """``reward.group_name``: the name the RewardGroup is launched under."""
-    reward_score: str
-    """``reward.score``: the training reward, reported beside EM, sub-EM and F1."""
-    reward_scale: float
-    """``reward.reward_scale``."""
+    reward: RewardConfig
+    """``reward``: the training reward, reported beside EM, sub-EM and F1."""
 
 
 def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
@@ -107,7 +106,6 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
                                      retokenize=get_bool(raw, "agentloop.retokenize", False))
     cluster, placement = _cluster(raw, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
-    score, scale = reward_settings(raw)
     val_paths = tuple(get(raw, "data.val_data_paths", ()))
     _check_paths(val_paths, "data.val_data_paths", required=True)
     return EvalConfig(
@@ -115,4 +113,4 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
         experiment_name=str(get(raw, "runner.experiment_name", "eval")), rollout=rollout,
         rollout_group=str(get(raw, "rollout.group_name", "RolloutGroup")), agent_loop=agent_loop, search=search,
         val_data_paths=val_paths, samples_per_prompt=samples, seed=get_int(raw, "data.seed", 0), prompt_limit=limit,
-        reward_group=str(get(raw, "reward.group_name", "RewardGroup")), reward_score=score, reward_scale=scale)
+        reward_group=str(get(raw, "reward.group_name", "RewardGroup")), reward=reward_settings(raw))

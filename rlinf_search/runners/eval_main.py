@@ -15,7 +15,7 @@ from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.eval_config import EvalConfig
 from rlinf_search.runners.eval_runner import EvalReport, score_trajectories, write_report
 from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
-from rlinf_search.runners.train_runner import shard
+from rlinf_search.runners.group_calls import shard
 from rlinf_search.scheduler import Cluster, wait_all
 from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
@@ -31,15 +31,15 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
         raise ConfigError(str(exc)) from None
     greedy = config.agent_loop.sampling.greedy
     with Cluster(config.cluster) as cluster:
-        rollout = RolloutWorker.create_group(config).launch(cluster, cluster.placement["rollout"],
+        rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(cluster, cluster.placement["rollout"],
                                                             name=config.rollout_group)
-        reward = RewardWorker.create_group(config).launch(cluster, cluster.placement["reward"],
+        reward = RewardWorker.create_group(config.reward).launch(cluster, cluster.placement["reward"],
                                                           name=config.reward_group)
         parts = shard(records, rollout.world_size)
         calls = [rollout.call_on(rank, "rollout", part, config.samples_per_prompt, greedy)
                  for rank, part in enumerate(parts)]
         trajectories = [traj for part in wait_all(calls) for traj in part]
-        rewards = [row["reward"] for row in reward.call("score", trajectories).wait()[0]]
+        rewards = [score.reward for score in reward.call("score", trajectories).wait()[0]]
     # Shards are contiguous and each rank keeps its order, so trajectory i belongs to expanded[i].
     expanded = [record for record in records for _ in range(config.samples_per_prompt)]
     report = score_trajectories(expanded, trajectories, rewards)

@@ -4,15 +4,18 @@
 ``OUTPUT/rollouts/step_K.jsonl`` and every trajectory a validation scored to
 ``OUTPUT/rollouts/val_step_K.jsonl``. One JSON object per line: the prompt, the response cut into the
 model's spans and the observations, the queries, the reward, EM and why the rollout ended.
+``LOG_PATH/batches.jsonl`` is the audit trail of every step: its prompt uids and a digest of each
+sampled response.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 
 ROLLOUTS_DIR = "rollouts"
 
@@ -45,11 +48,11 @@ class DumpedTrajectory:
     """Generation calls."""
 
 
-def dump_row(record: QARecord, traj: Trajectory, score: dict[str, float]) -> DumpedTrajectory:
+def dump_row(record: QARecord, traj: Trajectory, score: RewardScore) -> DumpedTrajectory:
     return DumpedTrajectory(
         uid=traj.uid, data_source=record.data_source, question=record.question, prompt=record.prompt,
         golden_answers=list(record.golden_answers), response=[{"kind": s.kind, "text": s.text} for s in traj.spans],
-        queries=list(traj.queries), reward=float(score["reward"]), em=float(score["em"]),
+        queries=list(traj.queries), reward=float(score.reward), em=float(score.em),
         finish_reason=traj.finish_reason, num_turns=traj.num_turns)
 
 
@@ -72,3 +75,16 @@ def write_dump(output_dir: str | Path, name: str, rows: list[DumpedTrajectory]) 
             handle.write(json.dumps(row.__dict__, ensure_ascii=False) + "\n")
     tmp.replace(path)
     return path
+
+
+def append_batch_audit(log_path: str | Path, step: int, records: list[QARecord],
+                       trajectories: list[Trajectory]) -> None:
+    """Append the step's prompt uids and a digest of each trajectory's response ids to
+    ``batches.jsonl``: the data order and what was sampled (a resumed run can be checked against an
+    uninterrupted one)."""
+    path = Path(log_path) / "batches.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digests = [hashlib.sha256(json.dumps(t.response_ids).encode()).hexdigest()[:16] for t in trajectories]
+    row = {"step": step, "uids": [r.uid for r in records], "responses": digests}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")

@@ -13,7 +13,9 @@ from rlinf_search.config import ConfigError, RunConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
-from rlinf_search.runners.train_runner import Groups, SearchR1Runner, find_resume_point
+from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.resume import find_resume_point
+from rlinf_search.runners.train_runner import SearchR1Runner
 from rlinf_search.scheduler import Cluster
 from rlinf_search.workers.actor.backends import require_training_backend
 from rlinf_search.workers.actor.worker import ActorWorker
@@ -28,17 +30,18 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
     placement = cluster.placement
     require_training_backend(config.actor, device_kind=cluster.device_kind,
                              actor_ranks=len(placement["actor"].ranks))
-    actor = ActorWorker.create_group(config, str(resume) if resume else None).launch(
+    actor = ActorWorker.create_group(config.actor, str(resume) if resume else None).launch(
         cluster, placement["actor"], name=config.actor_group)
-    rollout = RolloutWorker.create_group(config).launch(cluster, placement["rollout"], name=config.rollout_group)
-    reward = RewardWorker.create_group(config).launch(cluster, placement["reward"], name=config.reward_group)
+    rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(cluster, placement["rollout"], name=config.rollout_group)
+    reward = RewardWorker.create_group(config.reward).launch(cluster, placement["reward"], name=config.reward_group)
     critic = None
     if config.critic is not None:  # on the actor's devices: it trains on the same rows at the same time
-        critic = CriticWorker.create_group(config, str(resume) if resume else None).launch(
+        critic = CriticWorker.create_group(config.critic, config.actor.offload, str(resume) if resume else None).launch(
             cluster, placement["actor"], name=config.critic.group_name)
     inference = None
     if config.inference.separate:  # else the actor computes the log-probs on its own devices
-        inference = InferenceWorker.create_group(config).launch(
+        inference = InferenceWorker.create_group(config.actor, config.inference, policy=config.recompute_logprobs,
+                                                 reference=config.actor.loss.kl_beta > 0).launch(
             cluster, placement["inference"], name=config.inference.group_name)
     return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference)
 
@@ -64,7 +67,7 @@ def save_settings(config: RunConfig) -> Path:
 
 
 def train(config: RunConfig) -> None:
-    resume = find_resume_point(config)
+    resume = find_resume_point(config.runner)
     prompts = read_prompts(config)
     save_settings(config)
     with Cluster(config.cluster) as cluster:

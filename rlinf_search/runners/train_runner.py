@@ -9,56 +9,30 @@ copy) with a version number.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from rlinf_search.agents.searchr1.metrics import rollout_metrics
 from rlinf_search.algorithms import compute_advantages
+from rlinf_search.checkpoint import RunnerState
 from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch, collate_trajectories
-from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.progress import progress
-from rlinf_search.runners.checkpoint import (
-    CRITIC_SUBDIR,
-    RunnerState,
-    begin_checkpoint,
-    capture_rng,
-    latest_checkpoint,
-    load_checkpoint,
-    load_pending_rollout,
-    restore_rng,
-    stage_pending_rollout,
-)
+from rlinf_search.runners.group_calls import Groups, collect_rollout, launch_rollout
 from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
-from rlinf_search.runners.rollout_dump import dump_row, spread, write_dump
-from rlinf_search.scheduler import WeightSync, WorkerGroup, wait_all
+from rlinf_search.runners.resume import restore_run, save_run
+from rlinf_search.runners.rollout_dump import append_batch_audit, dump_row, spread, write_dump
+from rlinf_search.runners.step_metrics import StepTimer, step_metrics, validation_metrics
+from rlinf_search.scheduler import WeightSync, wait_all
 from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Groups:
-    """The launched worker groups a run drives."""
-
-    rollout: WorkerGroup
-    actor: WorkerGroup
-    reward: WorkerGroup
-    critic: WorkerGroup | None = None
-    """The value model (``critic.use_critic_model``), on the actor's devices; None without one."""
-    inference: WorkerGroup | None = None
-    """Old and reference log-probs on devices of its own (``InferenceConfig.separate``); None: the
-    actor computes them."""
 
 
 @dataclass
@@ -74,37 +48,8 @@ class PendingRollout:
 
     def result(self) -> list[Trajectory]:
         if self.trajectories is None:
-            self.trajectories = [traj for part in wait_all(self.calls) for traj in part]
+            self.trajectories = collect_rollout(self.calls)
         return self.trajectories
-
-
-@dataclass
-class StepTimer:
-    """Wall time per phase of one step."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def phase(self, name: str):
-        started = time.perf_counter()
-        yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
-
-
-def shard(items: list, parts: int) -> list[list]:
-    """``items`` dealt into ``parts`` contiguous shares (one per rank), sizes differing by at most one."""
-    size, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for rank in range(parts):
-        stop = start + size + (rank < extra)
-        out.append(items[start:stop])
-        start = stop
-    return out
-
-
-def call_each(group: WorkerGroup, method: str, per_rank_args: list[tuple]) -> list:
-    """Call ``method`` on every rank with that rank's own arguments; results in rank order."""
-    return wait_all([group.call_on(rank, method, *args) for rank, args in enumerate(per_rank_args)])
 
 
 class SearchR1Runner:
@@ -144,44 +89,21 @@ class SearchR1Runner:
         self._offload_engine = bool(shared) and not self.pipelined
 
     def _resume(self, folder: Path) -> None:
-        """Data position, RNGs, each rollout rank's sampling state, and (pipelined) the rollout that
-        was already generated for the next step."""
-        self.state, _ = load_checkpoint(folder)
+        self.state, pending = restore_run(folder, self.groups, pipelined=self.pipelined)
         self.stream.seek(self.state.epoch, self.state.batch_in_epoch)
-        restore_rng(self.state.rng)
-        ranks = self.groups.rollout.world_size
-        if len(self.state.rollout_rng) == ranks:
-            call_each(self.groups.rollout, "set_rng_state", [(state,) for state in self.state.rollout_rng])
-        else:
-            log.warning("the checkpoint holds sampling states for %d rollout ranks and this run has %d: rollouts "
-                        "will differ from an uninterrupted run", len(self.state.rollout_rng), ranks)
-        pending = load_pending_rollout(folder)
-        if pending is not None and self.pipelined:
+        if pending is not None:
             self._prefetched = PendingRollout(records=[], trajectories=pending)
-        elif pending is not None:
-            log.warning("%s holds a pipelined run's next rollout; this placement is not pipelined, so it is "
-                        "generated again", folder)
-        log.info("resumed from %s at step %d", folder, self.state.global_step)
 
     # ---- one step ---------------------------------------------------------------------------
-    def _launch_rollout(self, records: list[QARecord], samples: int, *, greedy: bool = False) -> list:
-        """Start each rollout rank on its share of ``records``; the calls to wait on."""
-        parts = shard(records, self.groups.rollout.world_size)
-        return [self.groups.rollout.call_on(rank, "rollout", part, samples, greedy) for rank, part in enumerate(parts)]
-
-    @staticmethod
-    def _collect(calls: list) -> list[Trajectory]:
-        return [traj for part in wait_all(calls) for traj in part]
-
     def _rollout(self, records: list[QARecord], samples: int, *, greedy: bool = False) -> list[Trajectory]:
         if self._offload_engine:
             self.groups.rollout.call("onload").wait()
-        trajectories = self._collect(self._launch_rollout(records, samples, greedy=greedy))
+        trajectories = collect_rollout(launch_rollout(self.groups.rollout, records, samples, greedy=greedy))
         if self._offload_engine:
             self.groups.rollout.call("offload").wait()
         return trajectories
 
-    def _score(self, trajectories: list[Trajectory]) -> list[dict[str, float]]:
+    def _score(self, trajectories: list[Trajectory]) -> list[RewardScore]:
         return self.groups.reward.call("score", trajectories).wait()[0]
 
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
@@ -224,7 +146,8 @@ class SearchR1Runner:
         recompute, kl = self.config.recompute_logprobs, self.config.actor.loss.kl_beta > 0
         if recompute or kl:
             group = self.groups.inference if self.groups.inference is not None else self.groups.actor
-            results = group.call("compute_logprobs", batch).wait()  # each rank scores its share of the rows
+            # Each rank scores its share of the rows.
+            results = group.call("compute_logprobs", batch, old=recompute, ref=kl).wait()
             shape = tuple(batch.response_mask.shape)
             batch.old_logprobs = place_rows(shape, [(r.rows, r.old) for r in results]) if recompute else None
             batch.ref_logprobs = place_rows(shape, [(r.rows, r.ref) for r in results]) if kl else None
@@ -260,17 +183,17 @@ class SearchR1Runner:
 
     def _prefetch(self) -> PendingRollout:
         records = self.stream.next_batch()
-        return PendingRollout(records, calls=self._launch_rollout(records, self.config.group_size))
+        return PendingRollout(records, calls=launch_rollout(self.groups.rollout, records, self.config.group_size))
 
     def train_step(self, *, prefetch: bool = False) -> dict[str, float]:
         timer = StepTimer()
         records, trajectories = self._next_rollout(timer, prefetch=prefetch)
-        self._record_batch(records, trajectories)
+        append_batch_audit(self.config.runner.log_path, self.state.global_step + 1, records, trajectories)
         with timer.phase("reward"):
             scores = self._score(trajectories)
         self._dump(f"step_{self.state.global_step + 1}", records, trajectories, scores,
                    keep=spread(len(trajectories), self.config.runner.rollout_dump))
-        batch = collate_trajectories(trajectories, [s["reward"] for s in scores], pad_id=0)
+        batch = collate_trajectories(trajectories, [s.reward for s in scores], pad_id=0)
         with timer.phase("inference"):
             self._logprobs(batch)
         with timer.phase("advantages"):  # with a critic, its forward pass is most of it
@@ -282,12 +205,12 @@ class SearchR1Runner:
         else:
             with timer.phase("weight_sync"):
                 self.weight_sync.sync(version=self.state.global_step + 1)
-        metrics = self._step_metrics(trajectories, scores, actor_metrics + critic_metrics, timer)
+        metrics = step_metrics(trajectories, scores, actor_metrics + critic_metrics, timer)
         if self.groups.critic is not None:
             metrics.update(batch_value_metrics(batch))
         return metrics
 
-    def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[dict],
+    def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[RewardScore],
               *, keep: list[int]) -> None:
         """``runner.rollout_dump``: the trajectories at ``keep`` to ``output_dir/rollouts/{name}.jsonl``.
         ``records[i // samples]`` is trajectory i's prompt (each prompt's samples are consecutive)."""
@@ -296,31 +219,6 @@ class SearchR1Runner:
         samples = len(trajectories) // len(records)
         write_dump(self.config.runner.output_dir, name,
                    [dump_row(records[i // samples], trajectories[i], scores[i]) for i in keep])
-
-    def _record_batch(self, records: list[QARecord], trajectories: list[Trajectory]) -> None:
-        """Append the step's prompt uids and a digest of each trajectory's response ids to
-        ``batches.jsonl``: an audit trail of the data order and of what was sampled (a resumed run
-        can be checked against an uninterrupted one)."""
-        path = Path(self.config.runner.log_path) / "batches.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        digests = [hashlib.sha256(json.dumps(t.response_ids).encode()).hexdigest()[:16] for t in trajectories]
-        row = {"step": self.state.global_step + 1, "uids": [r.uid for r in records], "responses": digests}
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
-
-    def _step_metrics(self, trajectories, scores, rank_metrics: list[dict], timer: StepTimer) -> dict[str, float]:
-        """``rank_metrics``: one dict per trained rank (actor and critic); each key is averaged over ranks."""
-        metrics = rollout_metrics(trajectories)
-        metrics["reward/mean"] = sum(s["reward"] for s in scores) / len(scores)
-        metrics["reward/em"] = sum(s["em"] for s in scores) / len(scores)
-        for key in dict.fromkeys(key for m in rank_metrics for key in m):
-            reported = [m[key] for m in rank_metrics if key in m]
-            metrics[key] = sum(reported) / len(reported)
-        total = sum(timer.seconds.values())
-        metrics.update({f"time/{name}_s": value for name, value in timer.seconds.items()})
-        metrics["time/step_s"] = total
-        metrics["throughput/tokens_per_s"] = sum(len(t.response_ids) for t in trajectories) / max(total, 1e-9)
-        return metrics
 
     # ---- validation, checkpoints, the loop --------------------------------------------------
     def _flush_weights(self) -> None:
@@ -346,21 +244,8 @@ class SearchR1Runner:
     def save(self) -> Path:
         # The position after the batch just trained on, not after one prefetched for the next step.
         self.state.epoch, self.state.batch_in_epoch = self._trained_position
-        self.state.rng = capture_rng()
-        # Pipelined, the next step's rollout is in flight; its rank's sampling state is read after
-        # it (calls queue per rank), and it is kept: a resume could not generate it again, since
-        # it was sampled by the weights before this step's update.
-        pending = self._prefetched.result() if self._prefetched is not None else None
-        self.state.rollout_rng = self.groups.rollout.call("rng_state").wait()
-        # Every part goes into one staging folder that the actor seals last: a crash at any point
-        # leaves no checkpoint that has the policy but not the critic.
-        staging = begin_checkpoint(self.ckpt_dir, self.state.global_step)
-        if pending is not None:
-            stage_pending_rollout(staging, pending)
-        if self.groups.critic is not None:
-            self.groups.critic.call("save", str(staging / CRITIC_SUBDIR)).wait()
-        paths = self.groups.actor.call("save", str(self.ckpt_dir), self.state, begun=True).wait()
-        return Path(paths[0])
+        pending = self._prefetched.result if self._prefetched is not None else None
+        return save_run(self.ckpt_dir, self.state, self.groups, pending)
 
     def fit(self) -> None:
         runner = self.config.runner
@@ -381,31 +266,3 @@ class SearchR1Runner:
         self._flush_weights()
         self.logger.close()
 
-
-def validation_metrics(records: list[QARecord], trajectories: list[Trajectory],
-                       scores: list[dict]) -> dict[str, float]:
-    """Means over all validation questions, and EM and searches per data source."""
-    def mean(values) -> float:
-        values = list(values)
-        return sum(values) / len(values)
-
-    metrics = {"val/em": mean(s["em"] for s in scores), "val/reward": mean(s["reward"] for s in scores),
-               "val/searches_per_trajectory": mean(t.num_searches for t in trajectories)}
-    for source in sorted({r.data_source for r in records}):
-        rows = [i for i, r in enumerate(records) if r.data_source == source]
-        metrics[f"val/em/{source}"] = mean(scores[i]["em"] for i in rows)
-        metrics[f"val/searches/{source}"] = mean(trajectories[i].num_searches for i in rows)
-    return metrics
-
-
-def find_resume_point(config: RunConfig) -> Path | None:
-    """``runner.resume_dir``: a checkpoint folder, ``auto`` (the newest usable one), or None."""
-    resume = config.runner.resume_dir
-    if not resume:
-        return None
-    if resume == "auto":
-        return latest_checkpoint(Path(config.runner.output_dir) / "checkpoints")
-    folder = Path(resume)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"runner.resume_dir: no checkpoint folder at {folder}")
-    return folder

@@ -6,10 +6,9 @@ dotted path (``package.module:factory``) to a function ``(SearchToolConfig) -> S
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 
-from rlinf_search.plugins import import_callable
+from rlinf_search.registry import Registry
 from rlinf_search.tools.search.base import SearchHit, SearchOutcome, SearchTool
 from rlinf_search.tools.search.client import SearchClient
 from rlinf_search.tools.search.config import SearchToolConfig
@@ -28,20 +27,16 @@ def _build_inprocess_backend(config: SearchToolConfig) -> SearchBackend:
     return build_inprocess_backend(config)
 
 
-SEARCH_BACKENDS: Mapping[str, BackendFactory] = MappingProxyType({
-    "local": build_local_backend,
-    "serper": build_serper_backend,
-    "inprocess": _build_inprocess_backend,
-})
-
-
-def _import_factory(path: str) -> BackendFactory:
-    return import_callable(path, kind="tools.search.backend")
+SEARCH_BACKENDS: Registry[BackendFactory] = Registry("search backend")
+"""Backend factories by the name ``tools.search.backend`` uses (or a dotted path to one)."""
+SEARCH_BACKENDS.register("local", build_local_backend)
+SEARCH_BACKENDS.register("serper", build_serper_backend)
+SEARCH_BACKENDS.register("inprocess", _build_inprocess_backend)
 
 
 def build_search_tool(config: SearchToolConfig) -> SearchClient:
     """Build the configured backend (reading keys, loading indexes now) and wrap it in a ``SearchClient``."""
-    factory = SEARCH_BACKENDS.get(config.backend) or _import_factory(config.backend)
+    factory = SEARCH_BACKENDS.resolve(config.backend, key="tools.search.backend")
     return SearchClient(config, factory(config))
 
 

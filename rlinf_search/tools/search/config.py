@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-# Backends that ship with the package; anything else must be a dotted import path to a factory.
-BUILTIN_BACKENDS = ("local", "serper", "inprocess")
-
 
 @dataclass(frozen=True)
 class SearchToolConfig:
@@ -72,9 +69,10 @@ class SearchToolConfig:
         self._check_backend_fields()
 
     def _check_backend(self) -> None:
-        if self.backend not in BUILTIN_BACKENDS and "." not in self.backend:
-            raise ValueError(f"tools.search.backend: unknown backend {self.backend!r}; choose one of "
-                             f"{list(BUILTIN_BACKENDS)} or give a dotted path 'package.module:factory'")
+        # The registry sits beside the factories, which import this module: looked up when checked.
+        from rlinf_search.tools.search import SEARCH_BACKENDS
+
+        SEARCH_BACKENDS.resolve(self.backend, key="tools.search.backend")
 
     def _check_numbers(self) -> None:
         positive = {"topk": self.topk, "timeout_s": self.timeout_s, "deadline_s": self.deadline_s,

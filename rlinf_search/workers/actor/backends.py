@@ -11,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from rlinf_search.plugins import import_callable
+from rlinf_search.registry import Registry
 from rlinf_search.workers.actor.config import ActorConfig
 
 
@@ -32,13 +33,14 @@ class TrainingBackend:
     """What to install when a required module is missing."""
 
 
-TRAINING_BACKENDS: dict[str, TrainingBackend] = {
-    "fsdp": TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:FSDPPolicyTrainer"),
-    "ddp": TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:PolicyTrainer"),
-    "megatron": TrainingBackend(
-        trainer="rlinf_search.workers.actor.megatron.trainer:MegatronPolicyTrainer", needs_cuda=True,
-        requires=("megatron.core",), install_hint="pip install -e '.[megatron]' (megatron-core)"),
-}
+TRAINING_BACKENDS: Registry[TrainingBackend] = Registry("training backend", dotted_paths=False)
+"""Training backends by the name ``actor.training_backend`` uses. Names only: a backend is a trainer class
+plus what it needs to run, which a dotted path to a class could not say."""
+TRAINING_BACKENDS.register("fsdp", TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:FSDPPolicyTrainer"))
+TRAINING_BACKENDS.register("ddp", TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:PolicyTrainer"))
+TRAINING_BACKENDS.register("megatron", TrainingBackend(
+    trainer="rlinf_search.workers.actor.megatron.trainer:MegatronPolicyTrainer", needs_cuda=True,
+    requires=("megatron.core",), install_hint="pip install -e '.[megatron]' (megatron-core)"))
 
 
 def _importable(module: str) -> bool:

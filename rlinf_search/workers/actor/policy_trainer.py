@@ -17,13 +17,12 @@ from pathlib import Path
 import torch
 
 from rlinf_search.algorithms import (
+    MISMATCH_CORRECTIONS,
     aggregate_loss,
     entropy_bonus_loss,
     kl_penalty,
-    masked_is_weights,
     masked_mean,
     ppo_policy_loss,
-    truncated_is_weights,
 )
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
@@ -187,11 +186,8 @@ class PolicyTrainer:
 
     def _mismatch_weights(self, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor):
         cfg = self.config.loss
-        if cfg.mismatch_correction == "tis":
-            return truncated_is_weights(old, rollout, response_mask=mask, cap=cfg.mismatch_cap)
-        if cfg.mismatch_correction == "mask":
-            return masked_is_weights(old, rollout, response_mask=mask, low=cfg.mismatch_low, high=cfg.mismatch_cap)
-        raise ValueError(f"algorithm mismatch correction must be tis or mask, got {cfg.mismatch_correction!r}")
+        correction = MISMATCH_CORRECTIONS.resolve(cfg.mismatch_correction)
+        return correction(old, rollout, response_mask=mask, cap=cfg.mismatch_cap, low=cfg.mismatch_low)
 
     # ---- weights and state ------------------------------------------------------------------
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.config import RunConfig
-from rlinf_search.data.batch import RolloutBatch
-from rlinf_search.runners.checkpoint import (
+from rlinf_search.checkpoint import (
     HF_SUBDIR,
     RunnerState,
     begin_checkpoint,
@@ -22,8 +20,10 @@ from rlinf_search.runners.checkpoint import (
     save_checkpoint,
     staging_folder,
 )
+from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.backends import build_trainer
+from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
 from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES, FullySharded
 from rlinf_search.workers.actor.token_scoring import TokenScorer
@@ -33,52 +33,56 @@ from rlinf_search.workers.offload import Offloader
 class ActorWorker(Worker):
     """Data-parallel policy training on a share of every batch."""
 
-    def __init__(self, config: RunConfig, resume_from: str | None = None):
+    def __init__(self, config: ActorConfig, resume_from: str | None = None):
         from transformers import AutoTokenizer
 
         if self.world_size > 1:
             self.init_process_group()
-        actor_config = config.actor
+        start = config
         if resume_from:  # weights come from the checkpoint; optimizer state is loaded below
-            actor_config = replace(actor_config, model_path=str(Path(resume_from) / HF_SUBDIR))
+            start = replace(config, model_path=str(Path(resume_from) / HF_SUBDIR))
         self.config = config
-        self.trainer = build_trainer(actor_config)  # actor.training_backend: fsdp, ddp or megatron
-        self.tokenizer = AutoTokenizer.from_pretrained(actor_config.model_path)
+        self.trainer = build_trainer(start)  # actor.training_backend: fsdp, ddp or megatron
+        self.tokenizer = AutoTokenizer.from_pretrained(start.model_path)
         # The reference is the starting policy, even after a resume.
-        self.reference = self._reference() if config.actor.loss.kl_beta > 0 else None
+        self.reference = self._reference() if config.loss.kl_beta > 0 else None
         if resume_from:
             _, training_state = load_checkpoint(Path(resume_from))
             self.trainer.load_training_state(training_state, Path(resume_from))
         # Between an update and the actor's next phase the engine may need the device (collocated).
         modules = [self.trainer.model] + ([self.reference] if self.reference is not None else [])
-        self.offloader = Offloader(config.actor.offload, optimizer=self.trainer.optimizer, device=self.trainer.device,
+        self.offloader = Offloader(config.offload, optimizer=self.trainer.optimizer, device=self.trainer.device,
                                    modules=modules)
 
     def _reference(self) -> torch.nn.Module:
         """The frozen starting policy in the compute precision (it never trains), sharded like the policy."""
         from transformers import AutoModelForCausalLM
 
-        dtype = COMPUTE_DTYPES[self.config.actor.dtype]
-        model = AutoModelForCausalLM.from_pretrained(self.config.actor.model_path, dtype=dtype)
-        scorer = TokenScorer(model.to(self.trainer.device).eval(), chunk_tokens=self.config.actor.logprob_chunk_tokens)
+        dtype = COMPUTE_DTYPES[self.config.dtype]
+        model = AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=dtype)
+        scorer = TokenScorer(model.to(self.trainer.device).eval(), chunk_tokens=self.config.logprob_chunk_tokens)
         scorer.requires_grad_(False)
         if isinstance(self.trainer.parallel, FullySharded):
-            FullySharded(compute_dtype=self.config.actor.dtype).wrap(scorer)
+            FullySharded(compute_dtype=self.config.dtype).wrap(scorer)
         return scorer
 
-    def compute_logprobs(self, batch: RolloutBatch) -> ForwardLogprobs:
-        """Old-policy (current weights, before this step's update) and reference log-probs of this rank's
-        share of ``batch`` (the whole batch), when no InferenceGroup sits apart from the actor."""
+    def compute_logprobs(self, batch: RolloutBatch, *, old: bool, ref: bool) -> ForwardLogprobs:
+        """This rank's share of ``batch`` (the whole batch), when no InferenceGroup sits apart from the
+        actor: ``old``, log-probs under the current weights (before this step's update); ``ref``, under
+        the reference (loaded when ``actor.loss.kl_beta`` > 0)."""
+        if ref and self.reference is None:
+            raise RuntimeError("reference log-probs asked of an actor without a reference model "
+                               "(actor.loss.kl_beta is 0)")
         self.offloader.onload()
-        rows, old = self.trainer.compute_logprobs(batch) if self.config.recompute_logprobs else (None, None)
-        ref = None
-        if self.reference is not None:
-            actor = self.config.actor
-            rows, ref = score_rows(self.reference, batch, rank=self.trainer.rank, world_size=self.trainer.world_size,
-                                   packed=self.trainer.packed, temperature=actor.loss.temperature,
-                                   max_tokens=actor.max_tokens_per_mbs, rows_per_pass=actor.forward_micro_batch_size,
-                                   device=self.trainer.device)
-        return ForwardLogprobs(rows=rows or [], old=old, ref=ref)
+        rows, old_logprobs = self.trainer.compute_logprobs(batch) if old else (None, None)
+        ref_logprobs = None
+        if ref:
+            cfg = self.config
+            rows, ref_logprobs = score_rows(self.reference, batch, rank=self.trainer.rank,
+                                            world_size=self.trainer.world_size, packed=self.trainer.packed,
+                                            temperature=cfg.loss.temperature, max_tokens=cfg.max_tokens_per_mbs,
+                                            rows_per_pass=cfg.forward_micro_batch_size, device=self.trainer.device)
+        return ForwardLogprobs(rows=rows or [], old=old_logprobs, ref=ref_logprobs)
 
     def train(self, batch: RolloutBatch) -> dict[str, float]:
         self.offloader.onload()

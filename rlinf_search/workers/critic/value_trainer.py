@@ -18,7 +18,7 @@ import torch
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, masked_mean
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
-from rlinf_search.runners.checkpoint import HF_SUBDIR, TRAINING_STATE
+from rlinf_search.checkpoint import HF_SUBDIR, TRAINING_STATE
 from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
 from rlinf_search.workers.actor.policy_trainer import enable_gradient_checkpointing, lr_lambda
 from rlinf_search.workers.critic.config import CriticConfig

@@ -6,31 +6,30 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.config import RunConfig
+from rlinf_search.checkpoint import CRITIC_SUBDIR
 from rlinf_search.data.batch import RolloutBatch
-from rlinf_search.runners.checkpoint import CRITIC_SUBDIR
 from rlinf_search.scheduler import Worker
+from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.critic.value_trainer import ValueTrainer
-from rlinf_search.workers.offload import Offloader
+from rlinf_search.workers.offload import Offloader, OffloadConfig
 
 
 class CriticWorker(Worker):
     """Data-parallel value training: every rank gets the whole batch and works on its share of the rows.
 
-    ``resume_from`` is a checkpoint folder; the critic's weights and optimizer come from its ``critic/``.
+    ``offload`` is the actor's (``actor.offload_*``): the critic shares the actor's devices, so it steps
+    aside when the actor does. ``resume_from`` is a checkpoint folder; the critic's weights and
+    optimizer come from its ``critic/``.
     """
 
-    def __init__(self, config: RunConfig, resume_from: str | None = None):
-        if config.critic is None:
-            raise ValueError("CriticWorker needs critic.use_critic_model: true")
+    def __init__(self, config: CriticConfig, offload: OffloadConfig, resume_from: str | None = None):
         if self.world_size > 1:
             self.init_process_group()
         if resume_from:
-            self.trainer = ValueTrainer.from_checkpoint(config.critic, Path(resume_from) / CRITIC_SUBDIR)
+            self.trainer = ValueTrainer.from_checkpoint(config, Path(resume_from) / CRITIC_SUBDIR)
         else:
-            self.trainer = ValueTrainer(config.critic)
-        # The critic shares the actor's devices, so it steps aside when the actor does (actor.offload_*).
-        self.offloader = Offloader(config.actor.offload, modules=[self.trainer.model], optimizer=self.trainer.optimizer,
+            self.trainer = ValueTrainer(config)
+        self.offloader = Offloader(offload, modules=[self.trainer.model], optimizer=self.trainer.optimizer,
                                    device=self.trainer.device)
 
     def compute_values(self, batch: RolloutBatch) -> tuple[list[int], torch.Tensor]:

@@ -10,54 +10,58 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.scheduler import Worker
+from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
 from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
 from rlinf_search.workers.actor.token_scoring import TokenScorer
+from rlinf_search.workers.inference.config import InferenceConfig
 
 
 class InferenceWorker(Worker):
     """Scores its token-balanced share of a batch's rows (every rank gets the whole batch); receives the
     policy's weights from the actor. Each rank holds whole models and runs no collective."""
 
-    def __init__(self, config: RunConfig):
-        self.config = config
+    def __init__(self, actor: ActorConfig, inference: InferenceConfig, *, policy: bool, reference: bool):
+        """``actor``: the model and its forward settings; ``policy``/``reference``: which copies the driver
+        will ask log-probs of (recomputed old log-probs; a KL term)."""
+        self.actor, self.inference = actor, inference
         # Both start as the starting policy; on a resume the driver's first weight sync brings the
         # policy copy to the checkpoint's weights, while the reference stays the starting policy.
-        self.policy = self._load() if config.recompute_logprobs else None
-        self.reference = self._load() if config.actor.loss.kl_beta > 0 else None
+        self.policy = self._load() if policy else None
+        self.reference = self._load() if reference else None
         self.weight_version = 0
 
     def _load(self) -> TokenScorer:
         from transformers import AutoModelForCausalLM
 
         # Forward passes only: the compute precision is all it needs (no master weights).
-        model = AutoModelForCausalLM.from_pretrained(self.config.actor.model_path,
-                                                     dtype=COMPUTE_DTYPES[self.config.actor.dtype])
-        scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.config.actor.logprob_chunk_tokens)
+        model = AutoModelForCausalLM.from_pretrained(self.actor.model_path, dtype=COMPUTE_DTYPES[self.actor.dtype])
+        scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.actor.logprob_chunk_tokens)
         scorer.requires_grad_(False)
         return scorer
 
-    def compute_logprobs(self, batch: RolloutBatch) -> ForwardLogprobs:
-        """Old-policy (the actor's weights as last synced) and reference log-probs of this rank's share."""
-        actor = self.config.actor
+    def compute_logprobs(self, batch: RolloutBatch, *, old: bool, ref: bool) -> ForwardLogprobs:
+        """This rank's share: ``old``, log-probs under the actor's weights as last synced; ``ref``, under
+        the reference."""
+        actor = self.actor
         rows: list[int] = []
+        for wanted, scorer, what in ((old, self.policy, "a policy copy"), (ref, self.reference, "a reference")):
+            if wanted and scorer is None:
+                raise RuntimeError(f"log-probs asked of an InferenceGroup launched without {what}")
 
         def score(scorer):
             nonlocal rows
-            if scorer is None:
-                return None
             rows, logprobs = score_rows(scorer, batch, rank=self.rank, world_size=self.world_size,
                                         packed=actor.pack_sequences, temperature=actor.loss.temperature,
                                         max_tokens=actor.max_tokens_per_mbs,
-                                        rows_per_pass=self.config.inference.forward_micro_batch_size,
+                                        rows_per_pass=self.inference.forward_micro_batch_size,
                                         device=self.device)
             return logprobs
 
-        old, ref = score(self.policy), score(self.reference)
-        return ForwardLogprobs(rows=rows, old=old, ref=ref)
+        return ForwardLogprobs(rows=rows, old=score(self.policy) if old else None,
+                               ref=score(self.reference) if ref else None)
 
     def set_weights(self, state_dict: dict, version: int) -> None:
         if self.policy is None:

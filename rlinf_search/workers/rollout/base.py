@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
-from rlinf_search.plugins import import_callable
+from rlinf_search.registry import Lazy, Registry
 
 if TYPE_CHECKING:
     from rlinf_search.workers.rollout.config import RolloutConfig
@@ -41,30 +41,21 @@ class GenerationEngine(Protocol):
 EngineFactory = Callable[..., GenerationEngine]
 """``factory(config: RolloutConfig, *, device: str | None, seed: int) -> GenerationEngine``."""
 
-# Built-ins by dotted path, imported when first built: choosing hf never imports vLLM.
-ROLLOUT_ENGINES: dict[str, str | EngineFactory] = {
-    "hf": "rlinf_search.workers.rollout.hf_engine:build_hf_engine",
-    "vllm": "rlinf_search.workers.rollout.vllm_engine:build_vllm_engine",
-}
-# Backends an RLinf config may name that this build does not ship.
-UNAVAILABLE_ENGINES = {"sglang": "sglang is not available in this build; use vllm (GPU) or hf"}
+ROLLOUT_ENGINES: Registry[EngineFactory] = Registry("engine", unavailable={"sglang": "use vllm (GPU) or hf"})
+"""Engine factories by the name ``rollout.rollout_backend`` uses (or a dotted path to one). The built-ins are
+imported when first resolved: choosing hf never imports vLLM."""
+ROLLOUT_ENGINES.register("hf", Lazy("rlinf_search.workers.rollout.hf_engine:build_hf_engine"))
+ROLLOUT_ENGINES.register("vllm", Lazy("rlinf_search.workers.rollout.vllm_engine:build_vllm_engine"))
 
 
-def register_engine(name: str, factory: EngineFactory) -> None:
+def register_engine(name: str, factory: EngineFactory, *, overwrite: bool = False) -> None:
     """Make an engine available as ``rollout.rollout_backend: <name>``."""
-    ROLLOUT_ENGINES[name] = factory
+    ROLLOUT_ENGINES.register(name, factory, overwrite=overwrite)
 
 
 def engine_factory(name: str) -> EngineFactory:
     """The factory of ``rollout.rollout_backend``: a registered name or a dotted path; ValueError otherwise."""
-    if name in UNAVAILABLE_ENGINES:
-        raise ValueError(UNAVAILABLE_ENGINES[name])
-    entry = ROLLOUT_ENGINES.get(name)
-    if entry is None and "." not in name and ":" not in name:
-        raise ValueError(f"unknown engine {name!r}; choose one of {sorted(ROLLOUT_ENGINES)} "
-                         "or give a dotted path 'package.module:factory'")
-    entry = name if entry is None else entry
-    return import_callable(entry, kind="rollout engine") if isinstance(entry, str) else entry
+    return ROLLOUT_ENGINES.resolve(name)
 
 
 def build_engine(config: RolloutConfig, *, device: str | None = None, seed: int = 0) -> GenerationEngine:

@@ -4,43 +4,40 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
-from rlinf_search.config import RunConfig
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.scheduler import Worker
-from rlinf_search.tools.search import build_search_tool
+from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.base import build_engine
-
-if TYPE_CHECKING:
-    from rlinf_search.runners.eval_config import EvalConfig
+from rlinf_search.workers.rollout.config import RolloutConfig
 
 
 class RolloutWorker(Worker):
     """Generates trajectories for its share of the prompts; takes new weights from the actor."""
 
-    def __init__(self, config: RunConfig | EvalConfig):  # an eval reads the same fields
-        self.config = config
-        self.engine = build_engine(config.rollout, device=self.device, seed=config.seed + self.rank)
+    def __init__(self, rollout: RolloutConfig, agent_loop: AgentLoopConfig, search: SearchToolConfig, seed: int):
+        """``seed``: ``data.seed``; rank r samples from seed + r."""
+        self.agent_loop, self.search = agent_loop, search
+        self.engine = build_engine(rollout, device=self.device, seed=seed + self.rank)
         self.weight_version = 0
         # Each rollout call draws one seed from here and every request of the call derives its own
         # from it; so this generator's state is the whole sampling state of the rank, and a
         # checkpoint that stores it replays the next rollout exactly.
-        self.seeds = torch.Generator().manual_seed(config.seed + self.rank)
+        self.seeds = torch.Generator().manual_seed(seed + self.rank)
 
     def rollout(self, records: list[QARecord], samples_per_prompt: int, greedy: bool = False) -> list[Trajectory]:
         """Roll out ``records`` (``samples_per_prompt`` each) with a fresh search client for this call."""
-        loop_config = self.config.agent_loop
+        loop_config = self.agent_loop
         if greedy:
             loop_config = replace(loop_config, sampling=replace(loop_config.sampling, greedy=True))
         seed = int(torch.randint(0, 2**62, (1,), generator=self.seeds))
 
         async def run() -> list[Trajectory]:
             # The search client's connections belong to one event loop: one client per call.
-            tool = build_search_tool(self.config.search)
+            tool = build_search_tool(self.search)
             try:
                 loop = SearchR1AgentLoop(self.engine, tool, self.engine.tokenizer, loop_config)
                 return await loop.run_batch(records, samples_per_prompt, seed=seed)

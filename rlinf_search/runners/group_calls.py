@@ -1,0 +1,50 @@
+"""The launched groups of a run, and the ways both runners deal work out to a group's ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.scheduler import WorkerGroup, wait_all
+
+
+@dataclass
+class Groups:
+    """The launched worker groups a run drives."""
+
+    rollout: WorkerGroup
+    actor: WorkerGroup
+    reward: WorkerGroup
+    critic: WorkerGroup | None = None
+    """The value model (``critic.use_critic_model``), on the actor's devices; None without one."""
+    inference: WorkerGroup | None = None
+    """Old and reference log-probs on devices of its own (``InferenceConfig.separate``); None: the
+    actor computes them."""
+
+
+def shard(items: list, parts: int) -> list[list]:
+    """``items`` dealt into ``parts`` contiguous shares (one per rank), sizes differing by at most one."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for rank in range(parts):
+        stop = start + size + (rank < extra)
+        out.append(items[start:stop])
+        start = stop
+    return out
+
+
+def call_each(group: WorkerGroup, method: str, per_rank_args: list[tuple]) -> list:
+    """Call ``method`` on every rank with that rank's own arguments; results in rank order."""
+    return wait_all([group.call_on(rank, method, *args) for rank, args in enumerate(per_rank_args)])
+
+
+def launch_rollout(rollout: WorkerGroup, records: list[QARecord], samples: int, *, greedy: bool = False) -> list:
+    """Start each rollout rank on its contiguous share of ``records``; the calls to wait on."""
+    parts = shard(records, rollout.world_size)
+    return [rollout.call_on(rank, "rollout", part, samples, greedy) for rank, part in enumerate(parts)]
+
+
+def collect_rollout(calls: list) -> list[Trajectory]:
+    """The trajectories of ``launch_rollout``'s calls, in the order of the records (each rank keeps its
+    share's order, and the shares are contiguous)."""
+    return [traj for part in wait_all(calls) for traj in part]

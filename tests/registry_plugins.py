@@ -1,0 +1,57 @@
+"""User code named by dotted path in a config, as a user's own package would hold it.
+
+Each entry leaves a mark a test can read from the run's metrics: the reward is EM plus 0.25, the
+KL estimate is 0.5 on every token, and the advantage is +1 on every model token (so the first
+update's policy loss is -1: every sampled token is pushed up, with ratio 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_search.algorithms import AdvantageOutput
+from rlinf_search.rewards import compute_score
+
+KL_CONSTANT = 0.5
+REWARD_BONUS = 0.25
+
+
+def always_plus_one(inputs) -> AdvantageOutput:
+    """An advantage estimator: +1 on every model token."""
+    advantages = inputs.response_mask.float()
+    return AdvantageOutput(advantages=advantages, returns=advantages)
+
+
+def em_plus_quarter(solution_str, golden_answers, **kwargs) -> float:
+    """A reward: exact match, plus 0.25 for every answer."""
+    return compute_score("em", solution_str, golden_answers) + REWARD_BONUS
+
+
+def constant_kl(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """A KL estimator: 0.5 on every token, whatever the log-probs."""
+    return torch.full_like(logprob, KL_CONSTANT)
+
+
+def no_aggregation(token_losses: torch.Tensor, mask: torch.Tensor, **kwargs) -> torch.Tensor:
+    """A loss aggregation: the plain mean over model tokens of this call."""
+    return (token_losses * mask).sum() / mask.sum().clamp(min=1)
+
+
+def unit_weights(old_logprob, rollout_logprob, *, response_mask, cap, low):
+    """A mismatch correction that changes nothing."""
+    from rlinf_search.algorithms.importance import truncated_is_weights
+
+    return truncated_is_weights(old_logprob, old_logprob, response_mask=response_mask, cap=cap)
+
+
+def read_lines(path):
+    """A data reader (yields nothing)."""
+    return iter(())
+
+
+def build_nothing(*args, **kwargs):
+    """A rollout engine or search backend factory (never called by the contract test)."""
+    raise NotImplementedError
+
+
+NOT_CALLABLE = 3

@@ -1,0 +1,45 @@
+"""Workers are handed their own config sections: none imports a runner or the run-level config."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_LEVEL = ("rlinf_search.runners", "rlinf_search.config", "rlinf_search.config_update", "rlinf_search.config_rlinf")
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_worker_module_imports_a_runner_or_the_run_config():
+    offenders = []
+    for path in sorted((ROOT / "rlinf_search" / "workers").rglob("*.py")):
+        for name in _imports(path):
+            if any(name == banned or name.startswith(banned + ".") for banned in RUN_LEVEL):
+                offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not offenders, offenders
+
+
+def test_the_reward_worker_loads_only_rewards_and_the_runtime():
+    code = ("import sys, rlinf_search.workers.reward.worker\n"
+            "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('rlinf_search'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=ROOT).stdout.split()
+    # The reward functions, the worker runtime and the IO structs: nothing of training, rollout or runs.
+    packages = ("rlinf_search.rewards", "rlinf_search.scheduler", "rlinf_search.workers.reward")
+    modules = ("rlinf_search", "rlinf_search.workers", "rlinf_search.data", "rlinf_search.data.io_struct",
+               "rlinf_search.registry", "rlinf_search.plugins")
+    stray = [m for m in loaded if m not in modules and not m.startswith(packages)]
+    assert not stray, stray
+    assert len(loaded) <= 25, loaded  # 70 when the worker took the whole RunConfig
