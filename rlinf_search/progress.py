@@ -26,6 +26,8 @@ class LineProgress:
         self._next = (initial // self._every + 1) * self._every if self._every else None
         self._postfix = ""
         self._closed = False
+        if initial and self.total:  # a resumed job says where it picked up (tqdm's bar shows it too)
+            print(f"{desc}: resuming at {initial}/{self.total} {unit}s", file=self.file, flush=True)
 
     def __iter__(self) -> Iterator:
         for item in self.iterable:

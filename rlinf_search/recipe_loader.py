@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 def compose_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -16,4 +16,6 @@ def compose_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()
     if not path.is_file():
         raise FileNotFoundError(f"config not found: {path}")
     with initialize_config_dir(config_dir=str(path.parent), version_base=None):
-        return compose(config_name=path.stem, overrides=list(overrides))
+        cfg = compose(config_name=path.stem, overrides=list(overrides))
+    OmegaConf.set_struct(cfg, False)  # callers edit it as they would a loaded YAML file
+    return cfg

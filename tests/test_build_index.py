@@ -80,7 +80,7 @@ def test_killed_dense_build_resumes_where_it_stopped(tmp_path):
 
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    # tqdm shows the resumed starting point: the second run did not embed from row 0.
+    # The progress output shows the resumed starting point: the second run did not embed from row 0.
     assert f"| {rows_done}/192" in resumed.stderr or f" {rows_done}/192 " in resumed.stderr
     index = faiss.read_index(str(out / "minilm" / INDEX_FILE))
     assert index.ntotal == 192

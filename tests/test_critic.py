@@ -214,7 +214,7 @@ def test_critic_config_defaults(cfg):
      "algorithm.adv_type: gae needs critic.use_critic_model: true"),
     (lambda c: c.algorithm.update({"adv_type": "grpo"}), "critic.use_critic_model: true needs algorithm.adv_type: gae"),
     (lambda c: c.algorithm.update({"value_clip": 0.0}), "algorithm.value_clip must be > 0"),
-    (lambda c: c.critic.update({"warmup_steps": 40}), "critic.warmup_steps must be in [0, 40) (the run's steps)"),
+    (lambda c: c.critic.update({"warmup_steps": 30}), "critic.warmup_steps must be in [0, 30) (the run's steps)"),
     (lambda c: c.critic.update({"optim": {"lrr": 1.0}}), "critic.optim.lrr: unknown key"),
     (lambda c: c.critic.update({"lr_sched": {"lr_decay_style": "linear"}}),
      "critic.optim / critic.lr_sched: lr_decay_style must be constant or cosine"),

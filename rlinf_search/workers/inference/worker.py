@@ -60,8 +60,9 @@ class InferenceWorker(Worker):
                                         device=self.device)
             return logprobs
 
-        return ForwardLogprobs(rows=rows, old=score(self.policy) if old else None,
-                               ref=score(self.reference) if ref else None)
+        old_logprobs = score(self.policy) if old else None
+        ref_logprobs = score(self.reference) if ref else None
+        return ForwardLogprobs(rows=rows, old=old_logprobs, ref=ref_logprobs)  # rows: set by score
 
     def set_weights(self, state_dict: dict, version: int) -> None:
         if self.policy is None:
