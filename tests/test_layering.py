@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_LEVEL = ("rlinf_search.runners", "rlinf_search.config", "rlinf_search.config_update", "rlinf_search.config_rlinf")
+RUN_LEVEL = ("rlinf_search.runners", "rlinf_search.config")
 
 
 def _imports(path: Path) -> set[str]:

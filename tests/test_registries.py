@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
-from rlinf_search.config_schema import ConfigError
+from rlinf_search.config import ConfigError
 from rlinf_search.data.prompts import TEMPLATES, TemplateError
 from rlinf_search.data.readers import READERS, PrepareError
 from rlinf_search.registry import Registry
@@ -106,7 +106,7 @@ def test_a_config_key_starts_the_error_and_validation_stops_a_bad_path():
         ADVANTAGE_ESTIMATORS.resolve("gpro", key="algorithm.adv_type")
     with pytest.raises(ValueError, match="^rollout.rollout_backend: sglang is not available in this build"):
         ROLLOUT_ENGINES.resolve("sglang", key="rollout.rollout_backend")
-    from rlinf_search.config_schema import get_registered
+    from rlinf_search.config.readers import get_registered
 
     raw = {"algorithm": {"kl_penalty_type": f"{PLUGINS}:no_such_estimator"}}
     with pytest.raises(ConfigError, match="^algorithm.kl_penalty_type: cannot import KL penalty"):

@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlinf_search.config import ConfigError, register_resolvers
-from rlinf_search.runners.eval_config import validate_eval_cfg
+from rlinf_search.config.eval import validate_eval_cfg
 from rlinf_search.runners.eval_main import run_eval
 from rlinf_search.runners.eval_runner import format_table
 from rlinf_search.scheduler.cluster import ClusterError

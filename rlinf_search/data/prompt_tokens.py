@@ -19,7 +19,7 @@ TRUNCATIONS = ("error", "left", "right")
 class PromptLimit:
     """How the run treats prompts over ``data.max_prompt_length``."""
 
-    max_prompt_tokens: int
+    max_prompt_tokens: int = 1024
     """``data.max_prompt_length``."""
     filter_overlong: bool = False
     """``data.filter_overlong_prompts``: drop overlong prompts at start-up (the count is logged)."""

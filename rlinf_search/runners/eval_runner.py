@@ -99,10 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="prepared jsonl (python -m rlinf_search.data.prepare)")
     parser.add_argument("--server-addr", default="127.0.0.1:8000", help="retrieval server host:port")
     parser.add_argument("--out", required=True, help="folder for eval_results.json")
-    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--max-turns", type=int, default=AgentLoopConfig.max_turns)
     parser.add_argument("--max-samples", type=int, default=None)
-    parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=500, help="most tokens per turn")
+    parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)
+    parser.add_argument("--max-new-tokens", type=int, default=SamplingParams.max_new_tokens,
+                        help="most tokens per turn")
     args = parser.parse_args(argv)
     try:
         records = load_records(args.data)[: args.max_samples]

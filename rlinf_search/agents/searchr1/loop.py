@@ -27,6 +27,7 @@ from rlinf_search.agents.searchr1.protocol import (
 from rlinf_search.data.io_struct import QARecord, ResponseSpan, SamplingParams, Trajectory
 from rlinf_search.data.prompt_tokens import PromptTokenizer
 from rlinf_search.tools.search.base import SearchOutcome, SearchTool
+from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.tools.search.observation import format_observation
 from rlinf_search.workers.rollout.base import GenerationEngine
 from rlinf_search.workers.rollout.sampling import derive_seed
@@ -48,7 +49,7 @@ class AgentLoopConfig:
     """Each retrieved passage is cut to this many tokens before formatting."""
     max_response_tokens: int = 2048
     """Most tokens after the prompt (model and observation tokens together)."""
-    topk: int = 3
+    topk: int = SearchToolConfig.topk
     """Passages per search."""
     retokenize: bool = False
     """Reproduce the reference implementations: decode each turn, cut at the stop tag and re-encode

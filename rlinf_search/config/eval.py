@@ -14,24 +14,19 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
-from rlinf_search.config import (
-    _agent_loop,
-    _check_paths,
-    _cluster,
-    _rollout,
-    _sampling,
+from rlinf_search.config.raw import resolve_raw
+from rlinf_search.config.readers import get, get_int
+from rlinf_search.config.run import RunConfig, group_names, seq_length
+from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys
+from rlinf_search.config.sections import (
+    agent_loop,
+    cluster_placement,
+    data_paths,
     prompt_limit,
-    reward_settings,
     require_placed,
-    resolve_raw,
-)
-from rlinf_search.config_schema import (
-    SCHEMA,
-    ConfigError,
-    check_keys,
-    get,
-    get_bool,
-    get_int,
+    reward_config,
+    rollout_config,
+    sampling_params,
 )
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.scheduler.config import ClusterConfig
@@ -54,10 +49,10 @@ EVAL_SCHEMA = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    """Everything an eval run needs, validated. The rollout and reward workers read the same fields
-    of it as of a training ``RunConfig``."""
+    """Everything an eval run needs, validated; the rollout and reward workers get their own sections
+    of it, as in training. A field's default is its key's default in an eval."""
 
     cluster: ClusterConfig
     """``cluster``: nodes, GPUs or CPU slots, Ray address."""
@@ -65,7 +60,7 @@ class EvalConfig:
     """``cluster.component_placement``: where ``rollout`` and ``reward`` run."""
     output_dir: str
     """``runner.output_dir``: eval_results.json goes here."""
-    experiment_name: str
+    experiment_name: str = "eval"
     """``runner.experiment_name``: names the run in the report."""
     rollout: RolloutConfig
     """``rollout``: the engine and the checkpoint it loads."""
@@ -77,7 +72,7 @@ class EvalConfig:
     """``tools.search``."""
     val_data_paths: tuple[str, ...]
     """``data.val_data_paths``: prepared jsonl files to score."""
-    samples_per_prompt: int
+    samples_per_prompt: int = 1
     """``algorithm.group_size``: rollouts per question (1 for greedy)."""
     seed: int
     """``data.seed``: each rollout rank's sampling seed is seed + rank."""
@@ -96,21 +91,19 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     output_dir = get(raw, "runner.output_dir")
     if not output_dir:
         raise ConfigError("runner.output_dir is required")
-    seq_length = get_int(raw, "runner.seq_length", 4096, minimum=2)
-    limit = prompt_limit(raw, seq_length=seq_length)
-    samples = get_int(raw, "algorithm.group_size", 1, minimum=1)
-    sampling = _sampling(raw)
+    limit = prompt_limit(raw, seq_length=seq_length(raw))
+    samples = get_int(raw, "algorithm.group_size", EvalConfig.samples_per_prompt, minimum=1)
+    sampling = sampling_params(raw)
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
-    rollout = _rollout(raw, sampling, recompute=True)
-    search, agent_loop = _agent_loop(raw, sampling, limit=limit, seq_length=seq_length,
-                                     retokenize=get_bool(raw, "agentloop.retokenize", False))
-    cluster, placement = _cluster(raw, rollout.backend)
+    rollout = rollout_config(raw, sampling, recompute=True)
+    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=seq_length(raw))
+    cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
-    val_paths = tuple(get(raw, "data.val_data_paths", ()))
-    _check_paths(val_paths, "data.val_data_paths", required=True)
+    groups = group_names(raw, ("rollout", "reward"))
     return EvalConfig(
         cluster=cluster, placement=placement, output_dir=str(Path(output_dir)),
-        experiment_name=str(get(raw, "runner.experiment_name", "eval")), rollout=rollout,
-        rollout_group=str(get(raw, "rollout.group_name", "RolloutGroup")), agent_loop=agent_loop, search=search,
-        val_data_paths=val_paths, samples_per_prompt=samples, seed=get_int(raw, "data.seed", 0), prompt_limit=limit,
-        reward_group=str(get(raw, "reward.group_name", "RewardGroup")), reward=reward_settings(raw))
+        experiment_name=str(get(raw, "runner.experiment_name", EvalConfig.experiment_name)), rollout=rollout,
+        rollout_group=groups["rollout"], agent_loop=loop, search=search,
+        val_data_paths=data_paths(raw, "data.val_data_paths", required=True), samples_per_prompt=samples,
+        seed=get_int(raw, "data.seed", RunConfig.seed), prompt_limit=limit, reward_group=groups["reward"],
+        reward=reward_config(raw))

@@ -1,13 +1,12 @@
 """The policy and value updates' typed views, from the raw config: ``actor`` with the ``algorithm`` loss
 keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_cfg``; each raises
-``ConfigError`` naming the key.
+``ConfigError`` naming the key. A key's default is the field default of the view it fills.
 """
 
 from __future__ import annotations
 
 from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
-from rlinf_search.config_schema import (
-    ConfigError,
+from rlinf_search.config.readers import (
     get,
     get_bool,
     get_float,
@@ -16,6 +15,7 @@ from rlinf_search.config_schema import (
     get_registered,
     get_section,
 )
+from rlinf_search.config.schema import ConfigError
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
@@ -23,32 +23,38 @@ from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_
 from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
 
+# ``critic.use_critic_model``: GRPO and its kin need no value model; only GAE does.
+CRITIC_BY_DEFAULT = False
+
 
 def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
     symmetric = get_float(raw, "algorithm.ratio_clip_eps", None)
-    low = get_float(raw, "algorithm.clip_ratio_low", 0.2 if symmetric is None else symmetric)
+    low = get_float(raw, "algorithm.clip_ratio_low",
+                    PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
     high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
-    loss_agg = get_registered(raw, "algorithm.loss_agg_func", "token-mean", LOSS_AGGREGATIONS)
-    kl_type = get_registered(raw, "algorithm.kl_penalty_type", "low_var_kl", KL_ESTIMATORS)
-    kl_beta = get_float(raw, "algorithm.kl_beta", 0.0)
+    loss_agg = get_registered(raw, "algorithm.loss_agg_func", PolicyLossConfig.loss_agg_func, LOSS_AGGREGATIONS)
+    kl_type = get_registered(raw, "algorithm.kl_penalty_type", PolicyLossConfig.kl_penalty_type, KL_ESTIMATORS)
+    kl_beta = get_float(raw, "algorithm.kl_beta", PolicyLossConfig.kl_beta)
     if kl_beta < 0:
         raise ConfigError("algorithm.kl_beta must be >= 0")
     # The one key where null is not the default: RLinf writes clip_ratio_c: null to turn dual clip off.
     dual_clip_off = "clip_ratio_c" in get(raw, "algorithm", {}) and get(raw, "algorithm.clip_ratio_c") is None
-    clip_c = None if dual_clip_off else get_float(raw, "algorithm.clip_ratio_c", 3.0)
+    clip_c = None if dual_clip_off else get_float(raw, "algorithm.clip_ratio_c", PolicyLossConfig.clip_ratio_c)
     if clip_c is not None and clip_c <= 1:
         raise ConfigError(f"algorithm.clip_ratio_c must be > 1 (or null to turn dual clip off), got {clip_c}")
-    correction = get_registered(raw, "algorithm.mismatch_correction", None, MISMATCH_CORRECTIONS)
+    correction = get_registered(raw, "algorithm.mismatch_correction", PolicyLossConfig.mismatch_correction,
+                                MISMATCH_CORRECTIONS)
     return PolicyLossConfig(
         clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, loss_agg_func=loss_agg, kl_beta=kl_beta,
-        kl_penalty_type=kl_type, entropy_bonus=get_float(raw, "algorithm.entropy_bonus", 0.0),
+        kl_penalty_type=kl_type,
+        entropy_bonus=get_float(raw, "algorithm.entropy_bonus", PolicyLossConfig.entropy_bonus),
         temperature=temperature, mismatch_correction=correction, norm_constant=float(max_response_tokens))
 
 
-def _optim(raw: dict, section: str, *, total_steps: int, lr: float | None = None) -> OptimConfig:
-    """``<section>.optim`` and ``<section>.lr_sched`` over ``total_steps`` optimizer steps."""
-    settings = {**({} if lr is None else {"lr": lr}), **get_section(raw, f"{section}.optim"),
-                **get_section(raw, f"{section}.lr_sched")}
+def _optim(optim: dict, lr_sched: dict, *, section: str, total_steps: int, lr: float | None = None) -> OptimConfig:
+    """``<section>.optim`` and ``<section>.lr_sched`` (their keys are ``OptimConfig``'s fields, defaults
+    included) over ``total_steps`` optimizer steps; ``lr``: the section's own default lr."""
+    settings = {**({} if lr is None else {"lr": lr}), **optim, **lr_sched}
     try:
         return OptimConfig(total_steps=total_steps, **settings)
     except (TypeError, ValueError) as exc:
@@ -56,36 +62,40 @@ def _optim(raw: dict, section: str, *, total_steps: int, lr: float | None = None
 
 
 def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temperature: float,
-                 run_steps: int) -> ActorConfig:
+                 run_steps: int, seed: int) -> ActorConfig:
     """``actor`` and the ``algorithm`` keys of the policy update; the lr schedule spans ``run_steps`` steps
-    of ``ppo_epochs x n_minibatches`` optimizer steps each."""
-    backend = get(raw, "actor.training_backend", "fsdp")
+    of ``ppo_epochs x n_minibatches`` optimizer steps each. ``seed``: ``data.seed``."""
+    backend = get(raw, "actor.training_backend", ActorConfig.training_backend)
     megatron = _megatron(raw, backend, model_path)
-    if backend == "megatron" and get_bool(raw, "actor.model.enable_gradient_checkpointing", False):
+    checkpointing = get_bool(raw, "actor.model.enable_gradient_checkpointing", ActorConfig.gradient_checkpointing)
+    if backend == "megatron" and checkpointing:
         raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
                           "by actor.model.recompute_granularity instead")
-    ppo_epochs = get_int(raw, "algorithm.ppo_epochs", 1, minimum=1)
-    n_minibatches = get_int(raw, "algorithm.n_minibatches", 1, minimum=1)
+    ppo_epochs = get_int(raw, "algorithm.ppo_epochs", ActorConfig.ppo_epochs, minimum=1)
+    n_minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
     return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
-                       optim=_optim(raw, "actor", total_steps=run_steps * ppo_epochs * n_minibatches),
+                       optim=_optim(get_section(raw, "actor.optim"), get_section(raw, "actor.lr_sched"), section="actor",
+                                    total_steps=run_steps * ppo_epochs * n_minibatches),
                        loss=_policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature),
                        ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
                        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
-                       dtype=get_precision(raw, "actor.model.precision", "fp32", training=True),
-                       gradient_checkpointing=get_bool(raw, "actor.model.enable_gradient_checkpointing", False),
-                       pack_sequences=get_bool(raw, "actor.model.use_remove_padding", True),
-                       logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size", 1024, minimum=1),
+                       dtype=get_precision(raw, "actor.model.precision", ActorConfig.dtype, training=True),
+                       gradient_checkpointing=checkpointing,
+                       pack_sequences=get_bool(raw, "actor.model.use_remove_padding", ActorConfig.pack_sequences),
+                       logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size",
+                                                    ActorConfig.logprob_chunk_tokens, minimum=1),
                        fsdp_cpu_offload=_fsdp_cpu_offload(raw, backend),
-                       seed=get_int(raw, "data.seed", 0), forward_micro_batch_size=forward_rows(raw),
-                       shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", True),
-                       offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", False),
-                                             grads=get_bool(raw, "actor.offload_grad", False),
-                                             optimizer=get_bool(raw, "actor.offload_optimizer", False)))
+                       seed=seed, forward_micro_batch_size=forward_rows(raw),
+                       shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", ActorConfig.shuffle_rollout),
+                       offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", OffloadConfig.weights),
+                                             grads=get_bool(raw, "actor.offload_grad", OffloadConfig.grads),
+                                             optimizer=get_bool(raw, "actor.offload_optimizer",
+                                                                OffloadConfig.optimizer)))
 
 
 def _fsdp_cpu_offload(raw: dict, backend: str) -> bool:
     """``actor.fsdp_config.cpu_offload``: FSDP2's own offload of the shards; read by ``fsdp`` only."""
-    offload = get_bool(raw, "actor.fsdp_config.cpu_offload", False)
+    offload = get_bool(raw, "actor.fsdp_config.cpu_offload", ActorConfig.fsdp_cpu_offload)
     if offload and backend != "fsdp":
         raise ConfigError(f"actor.fsdp_config.cpu_offload: read by actor.training_backend: fsdp only, and this run "
                           f"uses {backend}")
@@ -94,26 +104,28 @@ def _fsdp_cpu_offload(raw: dict, backend: str) -> bool:
 
 def forward_rows(raw: dict) -> int | None:
     """``algorithm.logprob_forward_micro_batch_size``: rows per forward-only pass; None packs by token budget."""
-    return get_int(raw, "algorithm.logprob_forward_micro_batch_size", None, minimum=1)
+    return get_int(raw, "algorithm.logprob_forward_micro_batch_size", ActorConfig.forward_micro_batch_size,
+                   minimum=1)
 
 
 def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name: str) -> CriticConfig | None:
     """``critic`` when ``use_critic_model`` is true: it trains on the actor's batches, with its own optimizer."""
-    if not get_bool(raw, "critic.use_critic_model", False):
+    if not get_bool(raw, "critic.use_critic_model", CRITIC_BY_DEFAULT):
         return None
-    value_clip = get_float(raw, "algorithm.value_clip", 0.5)
+    value_clip = get_float(raw, "algorithm.value_clip", CriticConfig.value_clip)
     if value_clip <= 0:
         raise ConfigError(f"algorithm.value_clip must be > 0, got {value_clip}")
-    warmup = get_int(raw, "critic.warmup_steps", 0)
+    warmup = get_int(raw, "critic.warmup_steps", CriticConfig.warmup_steps)
     if not 0 <= warmup < total_steps:
         raise ConfigError(f"critic.warmup_steps must be in [0, {total_steps}) (the run's steps), got {warmup}: "
                           "the actor trains only after it")
     return CriticConfig(
         model_path=get(raw, "critic.model.model_path", actor.model_path), value_clip=value_clip,
-        optim=_optim(raw, "critic", total_steps=actor.optim.total_steps, lr=CRITIC_LR),
+        optim=_optim(get_section(raw, "critic.optim"), get_section(raw, "critic.lr_sched"), section="critic",
+                     total_steps=actor.optim.total_steps, lr=CRITIC_LR),
         loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
         n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs,
-        dtype=get_precision(raw, "critic.model.precision", "fp32", training=True), seed=actor.seed,
+        dtype=get_precision(raw, "critic.model.precision", CriticConfig.dtype, training=True), seed=actor.seed,
         shuffle_rollout=actor.shuffle_rollout, warmup_steps=warmup, group_name=group_name,
         training_backend=actor.training_backend, gradient_checkpointing=actor.gradient_checkpointing,
         pack_sequences=actor.pack_sequences)

@@ -1,19 +1,16 @@
-"""The accepted keys of the training config, and the readers ``validate_cfg`` uses on the raw YAML dict.
+"""The accepted keys of the training config (``SCHEMA``), renamed and removed keys, and the key check.
 
-Every reader treats an explicit ``null`` as "use the default" (``algorithm.kl_beta: null`` is 0.0), and
-a value of the wrong type is a ``ConfigError`` naming the key, never a ``TypeError`` from deep inside.
+``SCHEMA`` names keys only; each key's default is the field default of the typed view it fills
+(``config/run.py``, ``config/training.py``, ``config/sections.py`` say which).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlinf_search.workers.actor.megatron.config import CONVERTER_KEYS as MEGATRON_CONVERTER_KEYS
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
-
-if TYPE_CHECKING:
-    from rlinf_search.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -100,91 +97,3 @@ def apply_deprecations(raw: dict) -> None:
         if key in body:
             log.warning("%s is ignored: %s; remove this key", dotted, reason)
             del body[key]
-
-
-def get(raw: dict, dotted: str, default: Any = None) -> Any:
-    """The value at ``dotted``; ``default`` when a key on the way is absent or the value is null."""
-    node: Any = raw
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return default if node is None else node
-
-
-def get_int(raw: dict, dotted: str, default: int | None, *, minimum: int | None = None) -> int | None:
-    """An integer key (null: ``default``), at least ``minimum`` when given."""
-    value = get(raw, dotted, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ConfigError(f"{dotted}: expected an integer, got {value!r}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{dotted}: expected an integer, got {value!r}") from None
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"{dotted} must be >= {minimum}, got {number}")
-    return number
-
-
-def get_float(raw: dict, dotted: str, default: float | None) -> float | None:
-    """A number key (null: ``default``)."""
-    value = get(raw, dotted, default)
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{dotted}: expected a number, got {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{dotted}: expected a number, got {value!r}") from None
-
-
-def get_bool(raw: dict, dotted: str, default: bool) -> bool:
-    """A true/false key (null: ``default``); a string such as ``"false"`` is an error, not truthy."""
-    value = get(raw, dotted, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{dotted}: expected true or false, got {value!r}")
-    return value
-
-
-def get_section(raw: dict, dotted: str) -> dict:
-    """A section's keys without its null values (null means the field's default)."""
-    body = get(raw, dotted, {})
-    if not isinstance(body, dict):
-        raise ConfigError(f"{dotted}: expected a section of keys, got {type(body).__name__}")
-    return {key: value for key, value in body.items() if value is not None}
-
-
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float32": "float32",
-              "bfloat16": "bfloat16", "float16": "float16"}
-
-
-def get_precision(raw: dict, dotted: str, default: str | None, *, training: bool = False) -> str | None:
-    """A precision key as a torch dtype name (``bf16`` -> ``bfloat16``); null: ``default`` (None stays None).
-
-    ``training``: the key sets a model that trains, where fp16 is refused: fp16 gradients need loss
-    scaling, which this trainer does not do (bf16 has fp32's range and needs none)."""
-    value = get(raw, dotted, default)
-    if value is None:
-        return None
-    if value not in PRECISIONS:
-        raise ConfigError(f"{dotted}: precision must be one of {sorted(PRECISIONS)}, got {value!r}")
-    if training and PRECISIONS[value] == "float16":
-        raise ConfigError(f"{dotted}: fp16 training needs loss scaling, which this trainer does not do; use bf16 "
-                          "(bf16 compute over fp32 master weights) or fp32")
-    return PRECISIONS[value]
-
-
-def get_registered(raw: dict, dotted: str, default: str | None, registry: Registry) -> str | None:
-    """The name at ``dotted`` after checking that ``registry`` resolves it (a built-in, a registered
-    entry or a dotted path that imports), so a bad name stops the run at start-up; None stays None."""
-    name = get(raw, dotted, default)
-    if name is None:
-        return None
-    try:
-        registry.resolve(name, key=dotted)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return name

@@ -15,7 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_search.config_schema import ConfigError, get
+from rlinf_search.config.readers import get
+from rlinf_search.config.schema import ConfigError
 
 log = logging.getLogger(__name__)
 

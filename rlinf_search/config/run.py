@@ -1,0 +1,288 @@
+"""The training run's config: ``validate_cfg`` checks the whole YAML once and returns ``RunConfig``.
+
+``validate_cfg(cfg)`` rejects unknown keys and every broken cross-field rule with the key's path,
+before any worker starts; renamed keys are accepted with a one-line deprecation message. Workers get
+their own sections of ``RunConfig`` (``ActorConfig``, ``RewardConfig``, ...), never the raw config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
+from rlinf_search.config.raw import resolve_raw
+from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_registered
+from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys
+from rlinf_search.config.sections import (
+    agent_loop,
+    cluster_placement,
+    data_paths,
+    prompt_limit,
+    require_placed,
+    retokenize,
+    reward_config,
+    rollout_config,
+    sampling_params,
+)
+from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config, forward_rows
+from rlinf_search.data.prepare import count_records
+from rlinf_search.data.prompt_tokens import PromptLimit
+from rlinf_search.runners.metric_logger import check_backends
+from rlinf_search.scheduler.config import ClusterConfig
+from rlinf_search.scheduler.placement import Placement
+from rlinf_search.tools.search.config import SearchToolConfig
+from rlinf_search.workers.actor.config import ActorConfig
+from rlinf_search.workers.critic.config import CriticConfig
+from rlinf_search.workers.inference.config import InferenceConfig
+from rlinf_search.workers.reward.config import RewardConfig
+from rlinf_search.workers.rollout.config import RolloutConfig
+
+# Components a training run must place.
+TRAINING_COMPONENTS = ("actor", "rollout", "reward")
+# The one task this trainer runs.
+TASK_TYPES = ("searchr1",)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """``runner``: how long to train, when to validate and save, where outputs go."""
+
+    output_dir: str
+    """Root of the run's outputs (checkpoints, logs, eval)."""
+    experiment_name: str = "run"
+    """The run's name in the metric sinks (the W&B run name): ``runner.logger.experiment_name``, else
+    ``runner.experiment_name``."""
+    max_steps: int | None = 100
+    """Training steps (rollout + update) to run; the run stops at ``max_epochs`` first if that comes first.
+    None (written ``-1``, as RLinf and verl do): no step limit, ``max_epochs`` decides."""
+    max_epochs: int = 1
+    """Passes over the training data."""
+    val_check_interval: int = 0
+    """Validate every N steps (0: never during training)."""
+    save_interval: int = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    seq_length: int = 4096
+    """Prompt + response token budget per trajectory."""
+    max_tokens_per_mbs: int | None = None
+    """Token budget of one micro-batch (forward/backward)."""
+    resume_dir: str | None = None
+    """A checkpoint folder to resume from, or ``auto`` for the newest one under ``output_dir``."""
+    log_path: str = ""
+    """Where metrics.jsonl and TensorBoard files go."""
+    logger_backends: tuple[str, ...] = ("console", "jsonl")
+    """Metric sinks (names and their packages checked by ``validate_cfg``)."""
+    project_name: str = "rlinf-search"
+    """W&B project."""
+    rollout_dump: int = 0
+    """Trajectories of each step written to ``output_dir/rollouts/step_K.jsonl`` (and, when > 0, every
+    validation trajectory to ``val_step_K.jsonl``); 0: none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything a run needs, validated. A field's default is its key's default."""
+
+    cluster: ClusterConfig
+    """``cluster``: nodes, CPU slots, Ray address."""
+    placement: Placement
+    """``cluster.component_placement`` resolved to devices and ranks (actor, rollout and reward are placed)."""
+    runner: RunnerConfig
+    """``runner``: steps, intervals, outputs, logging."""
+    total_steps: int
+    """Training steps the run lasts: ``runner.max_steps``, or fewer when ``runner.max_epochs`` passes over
+    the training prompts end it first (an epoch is ``prompts // rollout_batch_size`` steps)."""
+    actor: ActorConfig
+    """The policy update (``actor`` plus the ``algorithm`` loss keys)."""
+    agent_loop: AgentLoopConfig
+    """``agentloop`` plus sampling and token budgets."""
+    search: SearchToolConfig
+    """``tools.search``."""
+    rollout: RolloutConfig
+    """``rollout``: the engine (hf, vllm), the starting policy's path (also the reference), its memory."""
+    train_data_paths: tuple[str, ...]
+    """Prepared training jsonl files."""
+    val_data_paths: tuple[str, ...]
+    """Prepared validation jsonl files (may be empty)."""
+    rollout_batch_size: int = 1
+    """Prompts per step."""
+    group_size: int = 4
+    """Samples per prompt (RLinf's Search-R1 recipe uses 4)."""
+    adv_type: str = "grpo"
+    """Advantage estimator: a registered name or a dotted path."""
+    recompute_logprobs: bool = True
+    """Recompute old log-probs (actor or InferenceGroup) instead of using the engine's."""
+    inference: InferenceConfig
+    """``inference``: whether an InferenceGroup computes the log-probs apart from the actor, and how."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch."""
+    seed: int = 0
+    """Data order and engine sampling seed."""
+    prompt_limit: PromptLimit
+    """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
+    reward: RewardConfig
+    """``reward``: the RewardGroup's own section."""
+    actor_group: str = "ActorGroup"
+    """``actor.group_name``: the name the actor's worker group is launched under (logs, errors)."""
+    rollout_group: str = "RolloutGroup"
+    """``rollout.group_name``: the rollout workers' group, which also runs the agent loop."""
+    reward_group: str = "RewardGroup"
+    """``reward.group_name``: the reward workers' group."""
+    normalize_advantages: bool = True
+    """``algorithm.normalize_advantages``."""
+    gamma: float = 1.0
+    """Discount (REINFORCE++, GAE)."""
+    lam: float = 1.0
+    """GAE lambda."""
+    critic: CriticConfig | None = None
+    """The value model for GAE (``critic`` with ``use_critic_model: true``); None without one."""
+    settings: dict = field(default_factory=dict)
+    """The config as validated (interpolations resolved, RLinf keys mapped): the run's record, saved as
+    ``output_dir/config.yaml`` and handed to W&B and TensorBoard. Workers never read it."""
+
+
+
+def _runner(raw: dict) -> RunnerConfig:
+    output_dir = get(raw, "runner.output_dir")
+    if not output_dir:
+        raise ConfigError("runner.output_dir is required")
+    task = get(raw, "runner.task_type", TASK_TYPES[0])
+    if task not in TASK_TYPES:
+        raise ConfigError(f"runner.task_type: unknown {task!r}; this trainer runs {', '.join(TASK_TYPES)} only")
+    backends = get(raw, "runner.logger.logger_backends", RunnerConfig.logger_backends)
+    if not isinstance(backends, (list, tuple)):
+        raise ConfigError(f"runner.logger.logger_backends: expected a list of sink names, got {backends!r}")
+    try:
+        check_backends(backends)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return RunnerConfig(
+        output_dir=str(output_dir),
+        experiment_name=str(get(raw, "runner.logger.experiment_name",
+                                get(raw, "runner.experiment_name", RunnerConfig.experiment_name))),
+        max_steps=_max_steps(raw),
+        max_epochs=get_int(raw, "runner.max_epochs", RunnerConfig.max_epochs, minimum=1),
+        val_check_interval=get_int(raw, "runner.val_check_interval", RunnerConfig.val_check_interval, minimum=0),
+        save_interval=get_int(raw, "runner.save_interval", RunnerConfig.save_interval, minimum=0),
+        seq_length=seq_length(raw),
+        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
+        resume_dir=get(raw, "runner.resume_dir"),
+        log_path=str(get(raw, "runner.logger.log_path", Path(output_dir) / "logs")), logger_backends=tuple(backends),
+        project_name=str(get(raw, "runner.logger.project_name", RunnerConfig.project_name)),
+        rollout_dump=get_int(raw, "runner.rollout_dump", RunnerConfig.rollout_dump, minimum=0))
+
+
+def seq_length(raw: dict) -> int:
+    """``runner.seq_length``: the prompt + response token budget (an eval reads it too)."""
+    return get_int(raw, "runner.seq_length", RunnerConfig.seq_length, minimum=2)
+
+
+def _max_steps(raw: dict) -> int | None:
+    """``runner.max_steps``: a step count, or -1 for none (``max_epochs`` then ends the run)."""
+    steps = get_int(raw, "runner.max_steps", RunnerConfig.max_steps)
+    if steps == -1:
+        return None
+    if steps < 1:
+        raise ConfigError(f"runner.max_steps must be >= 1, or -1 to let runner.max_epochs end the run; got {steps}")
+    return steps
+
+
+def _total_steps(runner: RunnerConfig, train_paths: tuple[str, ...], batch: int) -> int:
+    """``runner.max_steps``, or fewer when ``max_epochs`` passes over the prompts come first. An epoch is
+    ``prompts // batch`` steps, as the runner's ``PromptStream`` drops an incomplete last batch."""
+    prompts = sum(count_records(path) for path in train_paths)
+    if prompts < batch:
+        raise ConfigError(f"data.rollout_batch_size ({batch}) is larger than the training set ({prompts} prompts "
+                          "in data.train_data_paths)")
+    epoch_steps = runner.max_epochs * (prompts // batch)
+    return epoch_steps if runner.max_steps is None else min(runner.max_steps, epoch_steps)
+
+
+def group_names(raw: dict, components: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Each component's worker-group name (``<component>.group_name``); two groups may not share one.
+    ``components``: the ones this run launches (all five for training)."""
+    names = {"actor": get(raw, "actor.group_name", RunConfig.actor_group),
+             "rollout": get(raw, "rollout.group_name", RunConfig.rollout_group),
+             "reward": get(raw, "reward.group_name", RunConfig.reward_group),
+             "inference": get(raw, "inference.group_name", InferenceConfig.group_name),
+             "critic": get(raw, "critic.group_name", CriticConfig.group_name)}
+    names = {component: name for component, name in names.items() if components is None or component in components}
+    owner: dict[str, str] = {}
+    for component, name in names.items():
+        names[component] = name = str(name)
+        if name in owner:
+            raise ConfigError(f"{component}.group_name: {name!r} is {owner[name]}.group_name too; each worker "
+                              "group needs its own name")
+        owner[name] = component
+    return names
+
+
+def _batching(raw: dict) -> tuple[int, int, str]:
+    """(``algorithm.group_size``, ``data.rollout_batch_size``, ``algorithm.adv_type``), checked together."""
+    group_size = get_int(raw, "algorithm.group_size", RunConfig.group_size, minimum=1)
+    batch = get_int(raw, "data.rollout_batch_size", RunConfig.rollout_batch_size, minimum=1)
+    minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
+    adv_type = get_registered(raw, "algorithm.adv_type", RunConfig.adv_type, ADVANTAGE_ESTIMATORS)
+    if adv_type in ("grpo", "grpo_no_std", "rloo", "reinforce_plus_plus_baseline") and group_size < 2:
+        raise ConfigError(f"algorithm.group_size must be >= 2 for {adv_type}: a group of one has advantage 0")
+    use_critic = get_bool(raw, "critic.use_critic_model", CRITIC_BY_DEFAULT)
+    if adv_type == "gae" and not use_critic:
+        raise ConfigError("algorithm.adv_type: gae needs critic.use_critic_model: true (GAE bootstraps from its "
+                          "values)")
+    if use_critic and adv_type != "gae":
+        raise ConfigError(f"critic.use_critic_model: true needs algorithm.adv_type: gae ({adv_type} never reads "
+                          "the critic's values)")
+    if (batch * group_size) % minibatches:
+        raise ConfigError(f"data.rollout_batch_size * algorithm.group_size ({batch * group_size}) must divide "
+                          f"into algorithm.n_minibatches ({minibatches})")
+    return group_size, batch, adv_type
+
+
+def _inference(raw: dict, placement: Placement, *, recompute: bool, kl_beta: float, group_name: str) -> InferenceConfig:
+    try:
+        return InferenceConfig.from_placement(
+            placement, recompute=recompute, kl_beta=kl_beta, group_name=group_name,
+            load_from_actor=get_bool(raw, "inference.load_from_actor", InferenceConfig.load_from_actor),
+            forward_micro_batch_size=forward_rows(raw))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
+    """Check the whole config once; return its typed view. Raises ``ConfigError`` naming the key."""
+    raw = resolve_raw(cfg, schema=SCHEMA)
+    check_keys(raw, SCHEMA, "")
+    runner = _runner(raw)
+    limit = prompt_limit(raw, seq_length=runner.seq_length)
+    group_size, batch, adv_type = _batching(raw)
+    recompute = get_bool(raw, "algorithm.recompute_logprobs", RunConfig.recompute_logprobs)
+    if retokenize(raw) and not recompute:
+        raise ConfigError("agentloop.retokenize: true needs algorithm.recompute_logprobs: true: re-tokenized ids "
+                          "were never scored by the engine, so their old log-probs must be recomputed")
+    groups = group_names(raw)
+    sampling = sampling_params(raw)
+    rollout = rollout_config(raw, sampling, recompute=recompute)
+    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
+    cluster, placement = cluster_placement(raw, rollout.backend)
+    require_placed(placement, TRAINING_COMPONENTS, run="a training run")
+    train_paths = data_paths(raw, "data.train_data_paths", required=True)
+    val_paths = data_paths(raw, "data.val_data_paths", required=False)
+    total_steps = _total_steps(runner, train_paths, batch)
+    seed = get_int(raw, "data.seed", RunConfig.seed)
+    actor = actor_config(raw, model_path=rollout.model_path, max_response_tokens=runner.seq_length - limit.max_prompt_tokens,
+                         temperature=sampling.temperature, run_steps=total_steps, seed=seed)
+    return RunConfig(
+        cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
+        agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths,
+        val_data_paths=val_paths, rollout_batch_size=batch, group_size=group_size, adv_type=adv_type,
+        recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", RunConfig.shuffle),
+        inference=_inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta,
+                             group_name=groups["inference"]),
+        seed=seed, prompt_limit=limit, reward=reward_config(raw), actor_group=groups["actor"],
+        rollout_group=groups["rollout"], reward_group=groups["reward"],
+        normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),
+        gamma=get_float(raw, "algorithm.gamma", RunConfig.gamma), lam=get_float(raw, "algorithm.lam", RunConfig.lam),
+        critic=critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"]), settings=raw)

@@ -1,0 +1,159 @@
+"""Section readers that a training run and an eval both use: sampling, the rollout engine, prompt limits,
+the agent loop and its search tool, the cluster and its placement, the reward, data paths.
+
+Each returns the typed view a worker is handed and raises ``ConfigError`` naming the key. A key's
+default is the field default of that view (``AgentLoopConfig.max_turns``), written nowhere else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_precision, get_registered
+from rlinf_search.config.schema import ConfigError
+from rlinf_search.data.io_struct import SamplingParams
+from rlinf_search.data.prompt_tokens import TRUNCATIONS, PromptLimit
+from rlinf_search.rewards import REWARDS
+from rlinf_search.scheduler.config import ClusterConfig
+from rlinf_search.scheduler.placement import Placement, Topology, validate_placement
+from rlinf_search.tools.search.config import SearchToolConfig
+from rlinf_search.workers.reward.config import RewardConfig
+from rlinf_search.workers.rollout.base import engine_factory
+from rlinf_search.workers.rollout.config import VLLM_ONLY_KEYS, RolloutConfig
+
+# Components a placement may name (the agent loop runs inside the rollout group, so it is not one).
+COMPONENTS = frozenset({"actor", "rollout", "reward", "inference"})
+# The one reward family (``reward.score`` picks the variant).
+REWARD_TYPES = ("searchr1",)
+
+
+def sampling_params(raw: dict) -> SamplingParams:
+    """``algorithm.sampling_params``: how every turn samples."""
+    greedy = not get_bool(raw, "algorithm.sampling_params.do_sample", not SamplingParams.greedy)
+    temperature = get_float(raw, "algorithm.sampling_params.temperature", SamplingParams.temperature)
+    if not greedy and temperature <= 0:
+        raise ConfigError("algorithm.sampling_params.temperature must be > 0 when do_sample is true")
+    top_p = get_float(raw, "algorithm.sampling_params.top_p", SamplingParams.top_p)
+    if not 0 < top_p <= 1:
+        raise ConfigError(f"algorithm.sampling_params.top_p must be in (0, 1], got {top_p}")
+    return SamplingParams(
+        max_new_tokens=get_int(raw, "algorithm.sampling_params.max_new_tokens", SamplingParams.max_new_tokens,
+                               minimum=1),
+        temperature=temperature, top_p=top_p, greedy=greedy,
+        top_k=get_int(raw, "algorithm.sampling_params.top_k", SamplingParams.top_k))
+
+
+def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> RolloutConfig:
+    """``rollout``: which engine, from which weights, with how much memory. A key only another backend
+    reads is an error, not a silent no-op. ``recompute``: whether the trainer recomputes old log-probs
+    (else it trains on the engine's, which vLLM filters by top-k/top-p)."""
+    backend = get(raw, "rollout.rollout_backend", RolloutConfig.backend)
+    try:
+        engine_factory(backend)
+    except ValueError as exc:
+        raise ConfigError(f"rollout.rollout_backend: {exc}") from None
+    unread = [key for key in VLLM_ONLY_KEYS if get(raw, f"rollout.{key}") is not None] if backend != "vllm" else []
+    if unread:
+        raise ConfigError(f"rollout.{unread[0]}: read by rollout_backend vllm only, and this run uses {backend}")
+    if backend == "vllm" and not recompute and (sampling.top_k > 0 or sampling.top_p < 1):
+        raise ConfigError("algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend vllm: "
+                          "vLLM's log-probs are of the top-k/top-p filtered distribution, the trainer's are not")
+    model_path = get(raw, "rollout.model.model_path")
+    if not model_path:
+        raise ConfigError("rollout.model.model_path is required")
+    try:
+        return RolloutConfig(
+            backend=backend, model_path=str(model_path),
+            dtype=get_precision(raw, "rollout.model.precision", None) or RolloutConfig.dtype,
+            max_running_requests=get_int(raw, "rollout.max_running_requests", RolloutConfig.max_running_requests),
+            gpu_memory_utilization=get_float(raw, "rollout.gpu_memory_utilization",
+                                             RolloutConfig.gpu_memory_utilization),
+            tensor_parallel_size=get_int(raw, "rollout.tensor_parallel_size", RolloutConfig.tensor_parallel_size))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def prompt_limit(raw: dict, *, seq_length: int) -> PromptLimit:
+    """``data.max_prompt_length`` (below ``runner.seq_length``), ``data.filter_overlong_prompts`` and
+    ``data.truncation``: verl's keys, with the same meaning."""
+    max_prompt = get_int(raw, "data.max_prompt_length", PromptLimit.max_prompt_tokens, minimum=1)
+    if max_prompt >= seq_length:
+        raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
+    truncation = get(raw, "data.truncation", PromptLimit.truncation)
+    if truncation not in TRUNCATIONS:
+        raise ConfigError(f"data.truncation: unknown {truncation!r}; choose one of {', '.join(TRUNCATIONS)}")
+    return PromptLimit(max_prompt_tokens=max_prompt, truncation=truncation,
+                       filter_overlong=get_bool(raw, "data.filter_overlong_prompts", PromptLimit.filter_overlong),
+                       apply_chat_template=get_bool(raw, "data.apply_chat_template", PromptLimit.apply_chat_template))
+
+
+def retokenize(raw: dict) -> bool:
+    """``agentloop.retokenize``: re-tokenize the running text each turn instead of appending token ids."""
+    return get_bool(raw, "agentloop.retokenize", AgentLoopConfig.retokenize)
+
+
+def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
+               seq_length: int) -> tuple[SearchToolConfig, AgentLoopConfig]:
+    """``tools.search`` and ``agentloop`` (with the sampling, the token budgets every turn uses, and
+    ``data.apply_chat_template``, which decides how the prompt is tokenized)."""
+    section = get(raw, "tools.search", {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"tools.search: expected a section of keys, got {type(section).__name__}")
+    try:
+        search = SearchToolConfig.from_dict(section)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return search, AgentLoopConfig(
+            max_turns=get_int(raw, "agentloop.max_turns", AgentLoopConfig.max_turns, minimum=0),
+            max_tokens_per_turn=sampling.max_new_tokens,
+            max_obs_tokens=get_int(raw, "agentloop.max_tool_response_length", AgentLoopConfig.max_obs_tokens,
+                                   minimum=1),
+            max_passage_tokens=get_int(raw, "agentloop.max_passage_tokens", AgentLoopConfig.max_passage_tokens,
+                                       minimum=1),
+            max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk, retokenize=retokenize(raw),
+            apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
+            truncation=limit.truncation, sampling=sampling)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def cluster_placement(raw: dict, rollout_backend: str) -> tuple[ClusterConfig, Placement]:
+    """``cluster`` and its placement, on the GPUs it declares (``num_gpus_per_node``) or its CPU slots."""
+    try:
+        cluster = ClusterConfig.from_dict(get(raw, "cluster", {}))
+        return cluster, validate_placement(cluster.component_placement, backends={"rollout": rollout_backend},
+                                           topology=Topology.from_config(cluster), known_components=COMPONENTS)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def require_placed(placement: Placement, components: tuple[str, ...], *, run: str) -> None:
+    """Every one of ``components`` has devices in ``cluster.component_placement``, or a ConfigError."""
+    for component in components:
+        if component not in placement.components:
+            raise ConfigError(f"cluster.component_placement: {run} places {', '.join(components)} (e.g. "
+                              f"'{','.join(components)}: all'); {component} is missing")
+
+
+def data_paths(raw: dict, key: str, *, required: bool) -> tuple[str, ...]:
+    """The prepared jsonl files at ``key`` (``data.train_data_paths``, ``data.val_data_paths``), each one
+    checked to exist."""
+    paths = tuple(get(raw, key, ()))
+    if required and not paths:
+        raise ConfigError(f"{key}: give at least one prepared jsonl (python -m rlinf_search.data.prepare)")
+    for path in paths:
+        if not Path(path).is_file():
+            raise ConfigError(f"{key}: file not found: {path}")
+    return paths
+
+
+def reward_config(raw: dict) -> RewardConfig:
+    """``reward.score`` and ``reward.reward_scale``; ``reward.reward_type`` names the one reward family."""
+    reward_type = get(raw, "reward.reward_type", REWARD_TYPES[0])
+    if reward_type not in REWARD_TYPES:
+        raise ConfigError(f"reward.reward_type: unknown {reward_type!r}; choose {', '.join(REWARD_TYPES)} "
+                          "(reward.score picks the variant)")
+    return RewardConfig(score=get_registered(raw, "reward.score", RewardConfig.score, REWARDS),
+                        scale=get_float(raw, "reward.reward_scale", RewardConfig.scale))
