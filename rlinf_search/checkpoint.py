@@ -16,7 +16,7 @@ import logging
 import os
 import random
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,31 @@ TRAINING_STATE = "training_state.pt"
 RUNNER_STATE = "runner_state.json"
 CRITIC_SUBDIR = "critic"
 PENDING_ROLLOUT = "pending_rollout.pt"
+
+
+@dataclass
+class TrainingState:
+    """What a trainer (the policy's or the critic's) needs beyond its weights to resume exactly; saved as
+    ``training_state.pt`` (a plain dict of the fields that are set, so the file reads without this class)."""
+
+    scheduler: dict
+    """The lr scheduler's ``state_dict()``."""
+    global_step: int
+    """Optimizer steps taken (the schedule's position)."""
+    rng: tuple
+    """The trainer's ``random.Random`` state (its mini-batch shuffles)."""
+    optimizer: dict | None = None
+    """The whole optimizer ``state_dict()`` (``ddp``, ``megatron``); None when it is sharded on disk."""
+    optimizer_shards: str | None = None
+    """``fsdp``: the checkpoint's subfolder of per-rank optimizer shards (``torch.distributed.checkpoint``)."""
+
+    def save(self, path: Path) -> None:
+        torch.save({f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}, path)
+
+    @classmethod
+    def load(cls, path: Path) -> TrainingState:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
 
 
 @dataclass
@@ -87,7 +112,7 @@ def begin_checkpoint(ckpt_dir: Path, step: int) -> Path:
     return staging
 
 
-def save_checkpoint(ckpt_dir: Path, state: RunnerState, *, model, tokenizer, training_state: dict,
+def save_checkpoint(ckpt_dir: Path, state: RunnerState, *, model, tokenizer, training_state: TrainingState,
                     begun: bool = False) -> Path:
     """Write checkpoint ``global_step_{state.global_step}`` atomically; return its folder.
 
@@ -101,7 +126,7 @@ def save_checkpoint(ckpt_dir: Path, state: RunnerState, *, model, tokenizer, tra
         raise FileNotFoundError(f"{staging}: begin_checkpoint was not called for step {state.global_step}")
     model.save_pretrained(staging / HF_SUBDIR)
     tokenizer.save_pretrained(staging / HF_SUBDIR)
-    torch.save(training_state, staging / TRAINING_STATE)
+    training_state.save(staging / TRAINING_STATE)
     (staging / RUNNER_STATE).write_text(json.dumps(asdict(state), default=_json_default))
     for path in staging.rglob("*"):  # data on disk before the rename makes it visible
         if path.is_file():
@@ -118,7 +143,7 @@ def _is_usable(folder: Path) -> bool:
         return False
     try:
         json.loads((folder / RUNNER_STATE).read_text())
-        torch.load(folder / TRAINING_STATE, map_location="cpu", weights_only=False)
+        TrainingState.load(folder / TRAINING_STATE)
     except Exception as exc:  # noqa: BLE001 - any unreadable part disqualifies the checkpoint
         log.warning("checkpoint %s is damaged (%s); using an earlier one", folder, exc)
         return False
@@ -130,7 +155,7 @@ def _is_usable(folder: Path) -> bool:
             return False
     if critic.is_dir():
         try:
-            torch.load(critic / TRAINING_STATE, map_location="cpu", weights_only=False)
+            TrainingState.load(critic / TRAINING_STATE)
         except Exception as exc:  # noqa: BLE001 - same rule as the policy's state
             log.warning("checkpoint %s has a damaged critic (%s); using an earlier one", folder, exc)
             return False
@@ -167,8 +192,8 @@ def load_pending_rollout(folder: Path) -> list | None:
     return torch.load(path, weights_only=False) if path.is_file() else None
 
 
-def load_checkpoint(folder: Path) -> tuple[RunnerState, dict]:
-    """(runner state, training state) of a checkpoint folder; the weights load from ``folder/hf_model``."""
+def load_checkpoint(folder: Path) -> tuple[RunnerState, TrainingState]:
+    """(runner state, the policy's training state) of a checkpoint folder; the weights load from
+    ``folder/hf_model``."""
     state = RunnerState(**json.loads((Path(folder) / RUNNER_STATE).read_text()))
-    training = torch.load(Path(folder) / TRAINING_STATE, map_location="cpu", weights_only=False)
-    return state, training
+    return state, TrainingState.load(Path(folder) / TRAINING_STATE)

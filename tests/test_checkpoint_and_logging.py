@@ -10,8 +10,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlinf_search.plot import main as plot_main
-from rlinf_search.plot import moving_average
 from rlinf_search.checkpoint import (
     COMPLETE_MARK,
     HF_SUBDIR,
@@ -23,6 +21,8 @@ from rlinf_search.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from rlinf_search.plot import main as plot_main
+from rlinf_search.plot import moving_average
 from rlinf_search.runners.metric_logger import METRICS_FILE, MetricLogger
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
@@ -46,7 +46,7 @@ def test_save_resume_and_skip_damaged(tmp_path, tiny_model_dir):
     chosen = latest_checkpoint(tmp_path)
     assert chosen.name == "global_step_1"
     state, training = load_checkpoint(chosen)
-    assert state.global_step == 1 and state.batch_in_epoch == 1 and training["global_step"] == 1
+    assert state.global_step == 1 and state.batch_in_epoch == 1 and training.global_step == 1
     reloaded = AutoModelForCausalLM.from_pretrained(chosen / HF_SUBDIR)
     for (name, a), b in zip(trainer.model.state_dict().items(), reloaded.state_dict().values()):
         assert torch.equal(a, b), name

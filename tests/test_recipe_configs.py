@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlinf_search.config import ConfigError, validate_cfg
-from rlinf_search.recipe_loader import compose_recipe as compose_recipe_file
 from rlinf_search.config.eval import validate_eval_cfg
+from rlinf_search.recipe_loader import compose_recipe as compose_recipe_file
 from tests.conftest import HOTPOT_DIR
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlinf_search.config import SCHEMA, ConfigError, validate_cfg
-from rlinf_search.config.rlinf import RLINF_KEYS
 from rlinf_search.config.eval import EVAL_SCHEMA, validate_eval_cfg
+from rlinf_search.config.rlinf import RLINF_KEYS
 from tests.conftest import DATA_DIR
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,12 +18,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rlinf_search.checkpoint import latest_checkpoint, load_checkpoint
 from rlinf_search.config import validate_cfg
 from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.prepare import load_records
 from rlinf_search.retrieval.build_index import main as build_index_main
 from rlinf_search.retrieval.launch import RetrievalServerProcess
-from rlinf_search.checkpoint import latest_checkpoint, load_checkpoint
 from rlinf_search.runners.train_main import launch_groups
 from rlinf_search.runners.train_runner import SearchR1Runner
 from rlinf_search.scheduler import Cluster
@@ -229,6 +229,6 @@ def test_killed_run_resumes_exactly(tmp_path, synth, server, tiny_model_dir, pla
     assert (state.global_step, state.epoch, state.batch_in_epoch) == (
         reference_state.global_step, reference_state.epoch, reference_state.batch_in_epoch)
     assert state.rollout_rng == reference_state.rollout_rng
-    assert training["global_step"] == reference_training["global_step"]
+    assert training.global_step == reference_training.global_step
     assert adam_steps(latest_checkpoint(tmp_path / "cut" / "run" / "checkpoints"), tmp_path / "cut.pt") == \
         adam_steps(latest_checkpoint(tmp_path / "full" / "run" / "checkpoints"), tmp_path / "full.pt")

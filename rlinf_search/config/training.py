@@ -6,15 +6,7 @@ keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_
 from __future__ import annotations
 
 from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
-from rlinf_search.config.readers import (
-    get,
-    get_bool,
-    get_float,
-    get_int,
-    get_precision,
-    get_registered,
-    get_section,
-)
+from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_precision, get_registered, get_section
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig

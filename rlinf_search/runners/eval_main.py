@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlinf_search.config import ConfigError
+from rlinf_search.config.eval import EvalConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
-from rlinf_search.config.eval import EvalConfig
 from rlinf_search.runners.eval_runner import EvalReport, score_trajectories, write_report
-from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
 from rlinf_search.runners.group_calls import shard
+from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
 from rlinf_search.scheduler import Cluster, wait_all
 from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlinf_search.checkpoint import TrainingState
+
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -72,12 +74,15 @@ class Replicated:
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
 
     def optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
-        """What a checkpoint's ``training_state.pt`` keeps of the optimizer (written by rank 0)."""
+        """The ``TrainingState`` fields that keep the optimizer: the whole state (written by rank 0)."""
         return {"optimizer": optimizer.state_dict()}
 
-    def load_optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+    def load_optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainingState,
                              folder: Path) -> None:
-        optimizer.load_state_dict(state["optimizer"])
+        if state.optimizer is None:
+            raise ValueError(f"{folder}: the checkpoint holds sharded optimizer state (written by the fsdp backend); "
+                             "resume with the backend that wrote it")
+        optimizer.load_state_dict(state.optimizer)
 
 
 class FullySharded(Replicated):
@@ -92,7 +97,11 @@ class FullySharded(Replicated):
         self.cpu_offload = cpu_offload
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
 
         if not dist.is_initialized():
             raise RuntimeError("FSDP needs torch.distributed initialised (the worker group does it)")
@@ -114,13 +123,17 @@ class FullySharded(Replicated):
 
     def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """Gathered on every rank (a collective), kept on rank 0's CPU only."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
 
         state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.rank == 0 else None
 
     def optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
-        """Each rank writes its shard to ``folder/optimizer_shards`` (a collective)."""
+        """Each rank writes its shard to ``folder/optimizer_shards`` (a collective); the ``TrainingState``
+        field names the folder."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -128,16 +141,19 @@ class FullySharded(Replicated):
                  checkpoint_id=str(Path(folder) / self.OPTIMIZER_DIR))
         return {"optimizer_shards": self.OPTIMIZER_DIR}
 
-    def load_optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+    def load_optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainingState,
                              folder: Path) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
 
-        if "optimizer_shards" not in state:
+        if state.optimizer_shards is None:
             raise ValueError(f"{folder}: the checkpoint holds no sharded optimizer state (written by another "
                              "training backend); resume with the backend that wrote it")
         target = {"optimizer": get_optimizer_state_dict(root, optimizer)}
-        dcp.load(target, checkpoint_id=str(Path(folder) / state["optimizer_shards"]))
+        dcp.load(target, checkpoint_id=str(Path(folder) / state.optimizer_shards))
         set_optimizer_state_dict(root, optimizer, target["optimizer"])
 
 

@@ -24,6 +24,7 @@ from rlinf_search.algorithms import (
     masked_mean,
     ppo_policy_loss,
 )
+from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
@@ -202,18 +203,18 @@ class PolicyTrainer:
         """Write ``state`` (from ``rollout_state_dict``) as a HF model directory (rank 0)."""
         self.model.save_pretrained(path, state_dict=state)
 
-    def training_state(self, folder: Path) -> dict:
+    def training_state(self, folder: Path) -> TrainingState:
         """Optimizer, schedule, step and RNG: what a resume needs beyond the weights. With ``fsdp`` every
-        rank calls it (each writes its optimizer shard into ``folder``); rank 0 saves the dict."""
-        return {**self.parallel.optimizer_state(self.scorer, self.optimizer, folder),
-                "scheduler": self.scheduler.state_dict(), "global_step": self.global_step,
-                "rng": self._rng.getstate()}
+        rank calls it (each writes its optimizer shard into ``folder``); rank 0 saves the result."""
+        optimizer = self.parallel.optimizer_state(self.scorer, self.optimizer, folder)
+        return TrainingState(scheduler=self.scheduler.state_dict(), global_step=self.global_step,
+                             rng=self._rng.getstate(), **optimizer)
 
-    def load_training_state(self, state: dict, folder: Path) -> None:
+    def load_training_state(self, state: TrainingState, folder: Path) -> None:
         self.parallel.load_optimizer_state(self.scorer, self.optimizer, state, folder)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.global_step = state["global_step"]
-        self._rng.setstate(state["rng"])
+        self.scheduler.load_state_dict(state.scheduler)
+        self.global_step = state.global_step
+        self._rng.setstate(state.rng)
 
 
 class FSDPPolicyTrainer(PolicyTrainer):

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, masked_mean
+from rlinf_search.checkpoint import HF_SUBDIR, TRAINING_STATE, TrainingState
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
-from rlinf_search.checkpoint import HF_SUBDIR, TRAINING_STATE
 from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
 from rlinf_search.workers.actor.policy_trainer import enable_gradient_checkpointing, lr_lambda
 from rlinf_search.workers.critic.config import CriticConfig
@@ -81,7 +81,7 @@ class ValueTrainer:
             raise FileNotFoundError(f"{folder}: no saved critic (the checkpoint was written by a run without "
                                     "critic.use_critic_model); resume from a PPO checkpoint or start a fresh run")
         trainer = cls(replace(config, model_path=str(folder / HF_SUBDIR)))
-        trainer.load_training_state(torch.load(folder / TRAINING_STATE, map_location="cpu", weights_only=False), folder)
+        trainer.load_training_state(TrainingState.load(folder / TRAINING_STATE), folder)
         return trainer
 
     @torch.no_grad()
@@ -147,17 +147,18 @@ class ValueTrainer:
         metrics["critic/vpred_mean"] += float(masked_mean(predicted.detach(), mask)) * share
 
     # ---- state ------------------------------------------------------------------------------
-    def training_state(self, folder: Path) -> dict:
+    def training_state(self, folder: Path) -> TrainingState:
         """Optimizer, schedule, step and RNG: everything beyond the weights that a resume needs (with
         ``fsdp`` every rank calls it and writes its optimizer shard into ``folder``)."""
-        return {**self.parallel.optimizer_state(self.model, self.optimizer, folder),
-                "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "rng": self._rng.getstate()}
+        optimizer = self.parallel.optimizer_state(self.model, self.optimizer, folder)
+        return TrainingState(scheduler=self.scheduler.state_dict(), global_step=self.global_step,
+                             rng=self._rng.getstate(), **optimizer)
 
-    def load_training_state(self, state: dict, folder: Path) -> None:
+    def load_training_state(self, state: TrainingState, folder: Path) -> None:
         self.parallel.load_optimizer_state(self.model, self.optimizer, state, folder)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.global_step = state["global_step"]
-        self._rng.setstate(state["rng"])
+        self.scheduler.load_state_dict(state.scheduler)
+        self.global_step = state.global_step
+        self._rng.setstate(state.rng)
 
     def save(self, folder: Path) -> None:
         """``folder/hf_model`` (backbone + ``value_head.pt``) and ``folder/training_state.pt``. Every rank
@@ -171,4 +172,4 @@ class ValueTrainer:
             name.removeprefix("backbone."): tensor for name, tensor in weights.items() if name.startswith("backbone.")})
         torch.save({name.removeprefix("head."): tensor for name, tensor in weights.items() if name.startswith("head.")},
                    folder / HF_SUBDIR / VALUE_HEAD)
-        torch.save(state, folder / TRAINING_STATE)
+        state.save(folder / TRAINING_STATE)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
+from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.megatron.hf_io import read_hf_config, read_hf_state, write_hf_model
@@ -131,14 +132,14 @@ class MegatronPolicyTrainer(PolicyTrainer):
         source = self.config.model_path
         write_hf_model(self.gathered_hf_state(), read_hf_config(source), path, source_dir=source)
 
-    def load_training_state(self, state: dict, folder: Path) -> None:
+    def load_training_state(self, state: TrainingState, folder: Path) -> None:
         # The checkpoint's optimizer state is rank 0's shard (rank 0 writes it): with tensor parallelism
         # the other ranks' moments have other shapes, so they restart rather than load a stranger's.
         if self.tp_size > 1:
             log.warning("resuming a tensor-parallel Megatron actor: weights, schedule and step are restored; "
                         "Adam moments restart (the checkpoint holds rank 0's optimizer shard only)")
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.global_step = state["global_step"]
-            self._rng.setstate(state["rng"])
+            self.scheduler.load_state_dict(state.scheduler)
+            self.global_step = state.global_step
+            self._rng.setstate(state.rng)
             return
         super().load_training_state(state, folder)
