@@ -154,6 +154,11 @@ def test_call_forms_and_await(cluster):
         assert asyncio.run(both()) == ([(0, "a"), (1, "a"), (2, "a")], (1, "b"))
         with pytest.raises(AttributeError, match="group 'calls': EnvWorker has no method 'nope'"):
             group.call("nope")
+        # The method itself, as the runners call: its name goes to the ranks; another class's is refused.
+        assert group.call(EnvWorker.echo, 7).wait() == [7] * 3
+        assert group.call_on(1, EnvWorker.echo_async, "c").wait() == (1, "c")
+        with pytest.raises(AttributeError, match="group 'calls' runs EnvWorker, which has no method BrokenWorker.__init__"):
+            group.call(BrokenWorker.__init__)
         with pytest.raises(IndexError, match="group 'calls' has ranks 0-2, not 3"):
             group.call_on(3, "echo", 1)
     finally:

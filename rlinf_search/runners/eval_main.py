@@ -36,10 +36,10 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
         reward = RewardWorker.create_group(config.reward).launch(cluster, cluster.placement["reward"],
                                                           name=config.reward_group)
         parts = shard(records, rollout.world_size)
-        calls = [rollout.call_on(rank, "rollout", part, config.samples_per_prompt, greedy)
+        calls = [rollout.call_on(rank, RolloutWorker.rollout, part, config.samples_per_prompt, greedy)
                  for rank, part in enumerate(parts)]
         trajectories = [traj for part in wait_all(calls) for traj in part]
-        rewards = [score.reward for score in reward.call("score", trajectories).wait()[0]]
+        rewards = [score.reward for score in reward.call(RewardWorker.score, trajectories).wait()[0]]
     # Shards are contiguous and each rank keeps its order, so trajectory i belongs to expanded[i].
     expanded = [record for record in records for _ in range(config.samples_per_prompt)]
     report = score_trajectories(expanded, trajectories, rewards)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.scheduler import WorkerGroup, wait_all
+from rlinf_search.scheduler.worker_group import Method
+from rlinf_search.workers.rollout.worker import RolloutWorker
 
 
 @dataclass
@@ -33,7 +35,7 @@ def shard(items: list, parts: int) -> list[list]:
     return out
 
 
-def call_each(group: WorkerGroup, method: str, per_rank_args: list[tuple]) -> list:
+def call_each(group: WorkerGroup, method: Method, per_rank_args: list[tuple]) -> list:
     """Call ``method`` on every rank with that rank's own arguments; results in rank order."""
     return wait_all([group.call_on(rank, method, *args) for rank, args in enumerate(per_rank_args)])
 
@@ -41,7 +43,7 @@ def call_each(group: WorkerGroup, method: str, per_rank_args: list[tuple]) -> li
 def launch_rollout(rollout: WorkerGroup, records: list[QARecord], samples: int, *, greedy: bool = False) -> list:
     """Start each rollout rank on its contiguous share of ``records``; the calls to wait on."""
     parts = shard(records, rollout.world_size)
-    return [rollout.call_on(rank, "rollout", part, samples, greedy) for rank, part in enumerate(parts)]
+    return [rollout.call_on(rank, RolloutWorker.rollout, part, samples, greedy) for rank, part in enumerate(parts)]
 
 
 def collect_rollout(calls: list) -> list[Trajectory]:

@@ -18,9 +18,12 @@ from rlinf_search.checkpoint import (
     restore_rng,
     stage_pending_rollout,
 )
+from rlinf_search.config import RunnerConfig
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.runners.group_calls import Groups, call_each
-from rlinf_search.config import RunnerConfig
+from rlinf_search.workers.actor.worker import ActorWorker
+from rlinf_search.workers.critic.worker import CriticWorker
+from rlinf_search.workers.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def restore_run(folder: Path, groups: Groups, *, pipelined: bool) -> tuple[Runne
     restore_rng(state.rng)
     ranks = groups.rollout.world_size
     if len(state.rollout_rng) == ranks:
-        call_each(groups.rollout, "set_rng_state", [(rng,) for rng in state.rollout_rng])
+        call_each(groups.rollout, RolloutWorker.set_rng_state, [(rng,) for rng in state.rollout_rng])
     else:
         log.warning("the checkpoint holds sampling states for %d rollout ranks and this run has %d: rollouts "
                     "will differ from an uninterrupted run", len(state.rollout_rng), ranks)
@@ -70,11 +73,11 @@ def save_run(ckpt_dir: Path, state: RunnerState, groups: Groups,
     state.rng = capture_rng()
     trajectories = pending() if pending is not None else None
     # Read after any rollout in flight (calls queue per rank), so it is the state after that rollout.
-    state.rollout_rng = groups.rollout.call("rng_state").wait()
+    state.rollout_rng = groups.rollout.call(RolloutWorker.rng_state).wait()
     staging = begin_checkpoint(ckpt_dir, state.global_step)
     if trajectories is not None:
         stage_pending_rollout(staging, trajectories)
     if groups.critic is not None:
-        groups.critic.call("save", str(staging / CRITIC_SUBDIR)).wait()
-    paths = groups.actor.call("save", str(ckpt_dir), state, begun=True).wait()
+        groups.critic.call(CriticWorker.save, str(staging / CRITIC_SUBDIR)).wait()
+    paths = groups.actor.call(ActorWorker.save, str(ckpt_dir), state, begun=True).wait()
     return Path(paths[0])

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from rlinf_search.config import ConfigError, RunConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
-from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import find_resume_point
 from rlinf_search.runners.train_runner import SearchR1Runner
 from rlinf_search.scheduler import Cluster

@@ -30,7 +30,12 @@ from rlinf_search.runners.rollout_dump import append_batch_audit, dump_row, spre
 from rlinf_search.runners.step_metrics import StepTimer, step_metrics, validation_metrics
 from rlinf_search.scheduler import WeightSync, wait_all
 from rlinf_search.workers.actor.logprobs import place_rows
+from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
+from rlinf_search.workers.critic.worker import CriticWorker
+from rlinf_search.workers.inference.worker import InferenceWorker
+from rlinf_search.workers.reward.worker import RewardWorker
+from rlinf_search.workers.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +102,20 @@ class SearchR1Runner:
     # ---- one step ---------------------------------------------------------------------------
     def _rollout(self, records: list[QARecord], samples: int, *, greedy: bool = False) -> list[Trajectory]:
         if self._offload_engine:
-            self.groups.rollout.call("onload").wait()
+            self.groups.rollout.call(RolloutWorker.onload).wait()
         trajectories = collect_rollout(launch_rollout(self.groups.rollout, records, samples, greedy=greedy))
         if self._offload_engine:
-            self.groups.rollout.call("offload").wait()
+            self.groups.rollout.call(RolloutWorker.offload).wait()
         return trajectories
 
     def _score(self, trajectories: list[Trajectory]) -> list[RewardScore]:
-        return self.groups.reward.call("score", trajectories).wait()[0]
+        return self.groups.reward.call(RewardWorker.score, trajectories).wait()[0]
 
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
         """``[B, T]`` critic values before this step's update, computed on every model, observation and
         padding position; GAE reads them on model tokens only (see ``algorithms.advantages.gae``). Every
         critic rank gets the whole batch and returns its token-balanced share of the rows."""
-        shares = self.groups.critic.call("compute_values", batch).wait()
+        shares = self.groups.critic.call(CriticWorker.compute_values, batch).wait()
         return place_rows(tuple(batch.response_mask.shape), shares)
 
     def _advantages(self, batch: RolloutBatch) -> None:
@@ -134,8 +139,8 @@ class SearchR1Runner:
         critic = self.config.critic
         train_actor = critic is None or self.state.global_step >= critic.warmup_steps
         # Every rank gets the whole batch (put in the object store once) and trains on its share of it.
-        actor_calls = [self.groups.actor.call("train", batch)] if train_actor else []
-        critic_calls = [self.groups.critic.call("train", batch)] if critic is not None else []
+        actor_calls = [self.groups.actor.call(ActorWorker.train, batch)] if train_actor else []
+        critic_calls = [self.groups.critic.call(CriticWorker.train, batch)] if critic is not None else []
         results = wait_all(actor_calls + critic_calls)
         actor_metrics = results[0] if train_actor else []
         return actor_metrics, results[-1] if critic is not None else []
@@ -145,9 +150,12 @@ class SearchR1Runner:
         computed by the InferenceGroup when it has devices of its own, else by the actor."""
         recompute, kl = self.config.recompute_logprobs, self.config.actor.loss.kl_beta > 0
         if recompute or kl:
-            group = self.groups.inference if self.groups.inference is not None else self.groups.actor
+            if self.groups.inference is not None:
+                group, method = self.groups.inference, InferenceWorker.compute_logprobs
+            else:
+                group, method = self.groups.actor, ActorWorker.compute_logprobs
             # Each rank scores its share of the rows.
-            results = group.call("compute_logprobs", batch, old=recompute, ref=kl).wait()
+            results = group.call(method, batch, old=recompute, ref=kl).wait()
             shape = tuple(batch.response_mask.shape)
             batch.old_logprobs = place_rows(shape, [(r.rows, r.old) for r in results]) if recompute else None
             batch.ref_logprobs = place_rows(shape, [(r.rows, r.ref) for r in results]) if kl else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -119,6 +119,10 @@ def wait_all(calls: Sequence[GroupCall], timeout: float | None = None) -> list[A
     return [call._shape([results[i, rank] for rank in call.ranks]) for i, call in enumerate(calls)]
 
 
+Method = Callable[..., Any] | str
+"""A worker method to call on a group's ranks: the function (``RewardWorker.score``) or its name."""
+
+
 class WorkerGroup:
     """The ranks of one worker class, launched on a placement. Made by ``Worker.create_group``."""
 
@@ -172,18 +176,31 @@ class WorkerGroup:
             raise
         return self
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> GroupCall:
-        """Run ``method(*args, **kwargs)`` on every rank; ``.wait()`` gives a list in rank order."""
-        return self._call(range(self.world_size), method, args, kwargs, single=False)
+    def call(self, method: Method, *args: Any, **kwargs: Any) -> GroupCall:
+        """Run ``method(*args, **kwargs)`` on every rank; ``.wait()`` gives a list in rank order.
 
-    def call_on(self, ranks: int | Sequence[int], method: str, *args: Any, **kwargs: Any) -> GroupCall:
+        ``method`` is the worker class's method itself (``group.call(RewardWorker.score, rows)``), so a
+        rename or a typo fails where it is written, or its name as a string."""
+        return self._call(range(self.world_size), self._method_name(method), args, kwargs, single=False)
+
+    def call_on(self, ranks: int | Sequence[int], method: Method, *args: Any, **kwargs: Any) -> GroupCall:
         """Run ``method`` on some ranks; ``.wait()`` gives one value for an int, a list for a sequence."""
         single = isinstance(ranks, int)
         chosen = [ranks] if single else list(ranks)
         for rank in chosen:
             if not 0 <= rank < self.world_size:
                 raise IndexError(f"group '{self.name}' has ranks 0-{self.world_size - 1}, not {rank}")
-        return self._call(chosen, method, args, kwargs, single=single)
+        return self._call(chosen, self._method_name(method), args, kwargs, single=single)
+
+    def _method_name(self, method: Method) -> str:
+        """The name to call on each rank; a function must be this group's class's (or a base's) own."""
+        if isinstance(method, str):
+            return method
+        name = getattr(method, "__name__", None)
+        if name is None or not any(vars(klass).get(name) is method for klass in self._cls.__mro__):
+            owner = getattr(method, "__qualname__", repr(method))
+            raise AttributeError(f"group '{self.name}' runs {self._cls.__name__}, which has no method {owner}")
+        return name
 
     def shutdown(self) -> None:
         """Kill every rank (their processes exit; pending calls fail with ``WorkerError``)."""
