@@ -176,14 +176,14 @@ def test_critic_goes_into_the_sealed_checkpoint_and_a_damaged_one_is_skipped(tin
         staging = begin_checkpoint(tmp_path, step)
         trainer.save(staging / CRITIC_SUBDIR)
         save_checkpoint(tmp_path, RunnerState(global_step=step), model=policy, tokenizer=tokenizer,
-                        training_state={}, begun=True)
+                        training_state=trainer.training_state(staging), begun=True)
     assert latest_checkpoint(tmp_path).name == "global_step_2"
     assert (tmp_path / "global_step_2" / CRITIC_SUBDIR / HF_SUBDIR / "value_head.pt").is_file()
     (tmp_path / "global_step_2" / CRITIC_SUBDIR / TRAINING_STATE).write_bytes(b"truncated")
     assert latest_checkpoint(tmp_path).name == "global_step_1"
     with pytest.raises(FileNotFoundError, match="begin_checkpoint was not called"):
         save_checkpoint(tmp_path, RunnerState(global_step=3), model=policy, tokenizer=tokenizer,
-                        training_state={}, begun=True)
+                        training_state=trainer.training_state(staging), begun=True)
 
 
 # ---- config rules ---------------------------------------------------------------------------------
