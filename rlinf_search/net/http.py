@@ -44,7 +44,8 @@ def make_http_client(max_connections: int, *, trust_env: bool) -> httpx.AsyncCli
 
 
 def _refusal_detail(response: httpx.Response) -> str:
-    """The server's own reason: our server and most others send ``{"error": ...}`` or ``{"detail": ...}``."""
+    """The server's own reason: our servers and most others send ``{"error": ...}``, ``{"detail": ...}``
+    or OpenAI's ``{"error": {"message": ...}}``."""
     try:
         body = response.json()
     except ValueError:
@@ -52,7 +53,11 @@ def _refusal_detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         for key in ("error", "detail", "message"):
             if key in body:
-                return one_line(str(body[key]))
+                value = body[key]
+                # OpenAI-compatible servers nest it: {"error": {"message": ..., "type": ...}}
+                if isinstance(value, dict) and "message" in value:
+                    value = value["message"]
+                return one_line(str(value))
     return one_line(response.text)
 
 
