@@ -44,10 +44,10 @@ def teacher(tiny_model_dir, tmp_path_factory):
     process.wait()
 
 
-def _client(address: str, **overrides) -> TeacherClient:
+def _client(address: str, *, temperature: float, **overrides) -> TeacherClient:
     settings = {"base_url": f"http://{address}/v1", "model": "teacher", "deadline_s": 20.0, "timeout_s": 10.0,
                 **overrides}
-    return TeacherClient(TeacherConfig(**settings), temperature=0.7)
+    return TeacherClient(TeacherConfig(**settings), temperature=temperature)
 
 
 def _reference(model_dir: Path, ids: list[int], temperature: float) -> list[float]:
@@ -60,8 +60,8 @@ def _reference(model_dir: Path, ids: list[int], temperature: float) -> list[floa
     return logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
 
 
-async def _score(address: str, prompt, **overrides):
-    client = _client(address, **overrides)
+async def _score(address: str, prompt, *, temperature: float = 0.7, **overrides):
+    client = _client(address, temperature=temperature, **overrides)
     try:
         return await client.score(prompt)
     finally:
