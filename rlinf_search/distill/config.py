@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rlinf_search.net.retry import RetryPolicy
+from rlinf_search.typed_section import section_to
 
 DISTILL_MODES = ("add", "only")
 
@@ -43,11 +44,7 @@ class TeacherConfig:
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> TeacherConfig:
-        known = sorted(f.name for f in fields(cls))
-        unknown = sorted(set(section) - set(known))
-        if unknown:
-            raise ValueError(f"algorithm.distill.teacher.{unknown[0]}: unknown key; it takes {', '.join(known)}")
-        return cls(**{key: value for key, value in section.items() if value is not None})
+        return section_to(cls, section, key="algorithm.distill.teacher")
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
