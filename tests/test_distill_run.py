@@ -17,7 +17,7 @@ from tests.test_train_runner import ROOT, _config, _metrics, _run, server, synth
 def _distill_config(tmp_path, synth, server, tiny_model_dir, base_url: str, **changes):  # noqa: F811
     cfg = _config(tmp_path, synth, server, tiny_model_dir, **{
         "runner.max_steps": 2, "runner.val_check_interval": 0, "data.rollout_batch_size": 2,
-        "algorithm.sampling_params.max_new_tokens": 16, "algorithm.sampling_params.temperature": 0.8, **changes})
+        "algorithm.sampling_params.max_new_tokens": 16, **changes})
     cfg.algorithm.distill = {"enable": True, "teacher": {"base_url": base_url, "model": "teacher", "deadline_s": 20,
                                                           "backoff_base_s": 0.05}}
     for dotted, value in changes.items():
@@ -30,7 +30,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_p
     teacher, address = start_teacher(tiny_model_dir, tmp_path)
     try:
         cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, f"http://{address}/v1")
-        assert validate_cfg(cfg).distill.temperature == 0.8
+        assert validate_cfg(cfg).distill.temperature == 1.0
         result = _run(cfg, tmp_path)
     finally:
         teacher.kill()

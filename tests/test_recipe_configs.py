@@ -140,6 +140,8 @@ def test_distill_recipes_validate_with_their_teacher(data_file, name, teacher_mo
     run = validate_cfg(compose_recipe(name, overrides))
     assert run.distill is not None and run.distill.mode == "add" and run.distill.teacher.model == teacher_model
     assert run.distill.teacher.tokenizer is None and run.distill.temperature == run.agent_loop.sampling.temperature
+    with pytest.raises(ConfigError, match="algorithm.distill: needs algorithm.sampling_params.temperature 1.0"):
+        validate_cfg(compose_recipe(name, overrides + ["algorithm.sampling_params.temperature=0.7"]))
     with pytest.raises(ConfigError, match="algorithm.distill.mode: unknown 'both'"):
         validate_cfg(compose_recipe(name, overrides + ["algorithm.distill.mode=both"]))
     with pytest.raises(ConfigError, match="algorithm.distill.clip: read only with algorithm.distill.enable: true"):

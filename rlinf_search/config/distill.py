@@ -19,6 +19,10 @@ def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
         if stray:
             raise ConfigError(f"algorithm.distill.{stray[0]}: read only with algorithm.distill.enable: true")
         return None
+    if temperature != 1.0:
+        raise ConfigError(f"algorithm.distill: needs algorithm.sampling_params.temperature 1.0 (got {temperature:g}): "
+                          "vLLM's echoed prompt log-probs are of the unscaled distribution whatever temperature a "
+                          "request asks for, so teacher and student log-probs would be of different distributions")
     teacher = get(raw, "algorithm.distill.teacher", {})
     if not isinstance(teacher, dict):
         raise ConfigError(f"algorithm.distill.teacher: expected a section of keys, got {type(teacher).__name__}")
