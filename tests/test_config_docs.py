@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlinf_search.config import DEPRECATED_KEYS, REMOVED_KEYS, SCHEMA
+from rlinf_search.distill.config import TeacherConfig
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.tools.search.config import SearchToolConfig
 
@@ -22,7 +23,7 @@ DOC = ROOT / "docs" / "config.md"
 TINY = ROOT / "examples" / "searchr1" / "config" / "tiny-cpu.yaml"
 
 # SCHEMA leaves these open ("*"); the dataclass that checks each one names its keys.
-OPEN_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig}
+OPEN_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig, "algorithm.distill.teacher": TeacherConfig}
 # Open sections whose content belongs to another tool, documented as one key.
 PASSED_THROUGH = {"hydra"}
 

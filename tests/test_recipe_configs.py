@@ -129,3 +129,20 @@ def test_a_recipe_path_composes_its_shared_groups():
     cfg = compose_recipe_file(EXAMPLES / "config" / "qwen2.5-3b-tool-1node.yaml", ["runner.output_dir=/tmp/x"])
     assert cfg.rollout.model.model_path == "/models/Qwen2.5-3B-Instruct" and cfg.cluster.num_gpus_per_node == 8
     assert cfg.actor.megatron.ckpt_convertor.save_path == "/tmp/x/converted_hf"
+
+
+@pytest.mark.parametrize(("name", "teacher_model"), [("qwen3-4b-distill", "Qwen3-30B-A3B"),
+                                                      ("tiny-cpu-distill", "teacher")])
+def test_distill_recipes_validate_with_their_teacher(data_file, name, teacher_model):
+    overrides = [f"data.train_data_paths=[{data_file}]", f"data.val_data_paths=[{data_file}]"]
+    if name.startswith("tiny"):
+        overrides += ["rollout.model.model_path=/models/tiny", "data.rollout_batch_size=4"]
+    run = validate_cfg(compose_recipe(name, overrides))
+    assert run.distill is not None and run.distill.mode == "add" and run.distill.teacher.model == teacher_model
+    assert run.distill.teacher.tokenizer is None and run.distill.temperature == run.agent_loop.sampling.temperature
+    with pytest.raises(ConfigError, match="algorithm.distill: needs algorithm.sampling_params.temperature 1.0"):
+        validate_cfg(compose_recipe(name, overrides + ["algorithm.sampling_params.temperature=0.7"]))
+    with pytest.raises(ConfigError, match="algorithm.distill.mode: unknown 'both'"):
+        validate_cfg(compose_recipe(name, overrides + ["algorithm.distill.mode=both"]))
+    with pytest.raises(ConfigError, match="algorithm.distill.clip: read only with algorithm.distill.enable: true"):
+        validate_cfg(compose_recipe(name, overrides + ["algorithm.distill.enable=false"]))

@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlinf_search.config import ConfigError, register_resolvers, validate_cfg
+from rlinf_search.distill.scorer import TeacherDown
 from rlinf_search.runners.train_main import train
 from rlinf_search.scheduler.cluster import ClusterError
 from rlinf_search.workers.actor.backends import BackendUnavailable
@@ -29,6 +30,9 @@ def main(cfg: DictConfig) -> None:
     except (BackendUnavailable, ClusterError) as exc:  # the config is sound; this machine cannot run it
         print(f"cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
+    except TeacherDown as exc:  # the last checkpoint stands; resume once the teacher is back
+        print(f"stopped: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
+from rlinf_search.config.distill import distill_config
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_registered
 from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys
@@ -31,6 +32,7 @@ from rlinf_search.config.sections import (
 from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config, forward_rows
 from rlinf_search.data.prepare import count_records
 from rlinf_search.data.prompt_tokens import PromptLimit
+from rlinf_search.distill.config import DistillConfig
 from rlinf_search.runners.metric_logger import check_backends
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement
@@ -139,6 +141,8 @@ class RunConfig:
     """GAE lambda."""
     critic: CriticConfig | None = None
     """The value model for GAE (``critic`` with ``use_critic_model: true``); None without one."""
+    distill: DistillConfig | None = None
+    """``algorithm.distill``: the teacher and its advantage term; None when the run does not distil."""
     settings: dict = field(default_factory=dict)
     """The config as validated (interpolations resolved, RLinf keys mapped): the run's record, saved as
     ``output_dir/config.yaml`` and handed to W&B and TensorBoard. Workers never read it."""
@@ -285,4 +289,5 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),
         gamma=get_float(raw, "algorithm.gamma", RunConfig.gamma), lam=get_float(raw, "algorithm.lam", RunConfig.lam),
-        critic=critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"]), settings=raw)
+        critic=critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"]),
+        distill=distill_config(raw, temperature=sampling.temperature), settings=raw)

@@ -9,24 +9,20 @@ with a 4xx and a one-line reason; the server keeps serving.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import json
 import logging
-import os
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlinf_search.net.serving import ClientError, bind_socket, read_body, serve_forever
 from rlinf_search.retrieval.batcher import DynamicBatcher, PerRequestSearch
 from rlinf_search.retrieval.corpus import CorpusStore
 from rlinf_search.retrieval.manifest import IndexMismatchError
@@ -69,41 +65,6 @@ class AccessRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     urls: list[StrictStr]
-
-
-class ClientError(Exception):
-    """A request the server understood and refuses; becomes a 4xx with ``message``."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _validation_message(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-    return f"invalid request field '{where}': {first.get('msg', 'invalid value')}"
-
-
-async def _read_body(request: Request, model: type[BaseModel], max_bytes: int) -> BaseModel:
-    """Parse the body as JSON whatever its content type (curl -d sends form-encoded), within a size cap."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise ClientError(413, f"request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-    try:
-        payload = json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ClientError(400, "request body is not valid JSON") from None
-    if not isinstance(payload, dict):
-        raise ClientError(400, f"request body must be a JSON object, got {type(payload).__name__}")
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        raise ClientError(400, _validation_message(exc)) from None
 
 
 def _format_hits(corpus: CorpusStore, rows, scores, return_scores: bool) -> list[list]:
@@ -162,7 +123,7 @@ def create_app(corpus: CorpusStore, retriever: Retriever, *, limits: ServerLimit
     @app.post("/retrieve")
     async def retrieve(request: Request):
         started = time.perf_counter()
-        body = await _read_body(request, RetrieveRequest, limits.max_body_bytes)
+        body = await read_body(request, RetrieveRequest, limits.max_body_bytes)
         topk = limits.default_topk if body.topk is None else body.topk
         if not body.queries:
             raise ClientError(400, "'queries' is empty: send at least one query string")
@@ -182,7 +143,7 @@ def create_app(corpus: CorpusStore, retriever: Retriever, *, limits: ServerLimit
     async def access(request: Request):
         if pages is None:
             raise ClientError(404, "this server has no page store; start it with --pages FILE")
-        body = await _read_body(request, AccessRequest, limits.max_body_bytes)
+        body = await read_body(request, AccessRequest, limits.max_body_bytes)
         if not body.urls:
             raise ClientError(400, "'urls' is empty: send at least one URL")
         if len(body.urls) > limits.max_urls:
@@ -227,28 +188,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
-    # listening socket says TCP, and without it Nagle plus delayed ACK hold every keep-alive response
-    # (uvicorn writes headers and body separately) for 40 ms.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def _write_address(path: str, address: str) -> None:
-    # Written only once the socket listens, and atomically, so a launcher polling the file can connect.
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(address + "\n")
-    os.replace(tmp, target)
-
-
 def _load(args: argparse.Namespace) -> tuple[CorpusStore, Retriever, PageStore | None]:
     corpus = CorpusStore(args.corpus)
     name = args.retriever
@@ -274,29 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         corpus, retriever, pages = _load(args)
-        sock = _bind(args.host, args.port)
+        sock = bind_socket(args.host, args.port)
     except (FileNotFoundError, IndexMismatchError, ValueError, OSError) as exc:
         print(f"retrieval server: {exc}", file=sys.stderr)
         return 1
     limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk)
     app = create_app(corpus, retriever, limits=limits, batching=not args.no_batching,
                      batch_window_s=args.batch_window_ms / 1000.0, max_batch=args.max_batch, pages=pages)
-    host, port = sock.getsockname()[:2]
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-
-    async def serve() -> None:
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            log.info("serving %s with %s on %s (%d passages)", args.corpus, retriever.name, address, len(corpus))
-            if args.save_address_to:
-                _write_address(args.save_address_to, address)
-        await task
-
-    asyncio.run(serve())
+    serve_forever(app, sock, address_file=args.save_address_to, on_started=lambda address: log.info(
+        "serving %s with %s on %s (%d passages)", args.corpus, retriever.name, address, len(corpus)))
     return 0
 
 

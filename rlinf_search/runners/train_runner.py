@@ -21,6 +21,7 @@ from rlinf_search.config import RunConfig
 from rlinf_search.data.batch import RolloutBatch, collate_trajectories
 from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
+from rlinf_search.distill.scorer import open_teacher
 from rlinf_search.progress import progress
 from rlinf_search.runners.group_calls import Groups, collect_rollout, launch_rollout
 from rlinf_search.runners.metric_logger import MetricLogger
@@ -92,6 +93,7 @@ class SearchR1Runner:
         # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
         shared = set(groups.rollout.placement.devices) & set(groups.actor.placement.devices)
         self._offload_engine = bool(shared) and not self.pipelined
+        self.teacher = open_teacher(config.distill, student_model=config.rollout.model_path) if config.distill else None
 
     def _resume(self, folder: Path) -> None:
         self.state, pending = restore_run(folder, self.groups, pipelined=self.pipelined)
@@ -196,6 +198,8 @@ class SearchR1Runner:
     def train_step(self, *, prefetch: bool = False) -> dict[str, float]:
         timer = StepTimer()
         records, trajectories = self._next_rollout(timer, prefetch=prefetch)
+        # The teacher scores the trajectories while rewards and log-probs are computed.
+        teacher_scoring = self.teacher.start(records, trajectories) if self.teacher is not None else None
         append_batch_audit(self.config.runner.log_path, self.state.global_step + 1, records, trajectories)
         with timer.phase("reward"):
             scores = self._score(trajectories)
@@ -206,6 +210,10 @@ class SearchR1Runner:
             self._logprobs(batch)
         with timer.phase("advantages"):  # with a critic, its forward pass is most of it
             self._advantages(batch)
+        distill_metrics = {}
+        if teacher_scoring is not None:
+            with timer.phase("teacher"):  # only the wait for answers still in flight
+                distill_metrics = self.teacher.apply(batch, teacher_scoring)
         with timer.phase("training"):
             actor_metrics, critic_metrics = self._update(batch)
         if self.pipelined:
@@ -216,6 +224,7 @@ class SearchR1Runner:
         metrics = step_metrics(trajectories, scores, actor_metrics + critic_metrics, timer)
         if self.groups.critic is not None:
             metrics.update(batch_value_metrics(batch))
+        metrics.update(distill_metrics)
         return metrics
 
     def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[RewardScore],
@@ -273,4 +282,6 @@ class SearchR1Runner:
                                 searches=f"{metrics['rollout/searches_per_trajectory']:.2f}")
         self._flush_weights()
         self.logger.close()
+        if self.teacher is not None:
+            self.teacher.close()
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 from rlinf_search.tools.search.base import SearchHit, SearchOutcome
 from rlinf_search.tools.search.config import SearchToolConfig
-from rlinf_search.tools.search.limits import AnswerCache, TokenBucket, normalise_query
+from rlinf_search.net.retry import CallFailed, RetryingCaller, RetryPolicy
+from rlinf_search.tools.search.limits import AnswerCache, normalise_query
 from rlinf_search.tools.search.metrics import SearchMetrics
-from rlinf_search.tools.search.transport import FinalBackendError, SearchBackend, TransientBackendError
+from rlinf_search.tools.search.transport import SearchBackend
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,7 @@ class SearchClient:
         self.backend = backend
         self.metrics = SearchMetrics()
         self._cache = AnswerCache(config.cache_size)
-        self._semaphore = asyncio.Semaphore(config.max_concurrency)
-        self._bucket = TokenBucket(config.rate_limit_per_s) if config.rate_limit_per_s > 0 else None
-        self._rng = rng or random.Random()
+        self._caller = RetryingCaller(search_retry_policy(config), rng=rng, on_attempt=self._count_attempt)
         self._inflight: dict[_CacheKey, asyncio.Future] = {}
         self._pending: dict[int, _Batch] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -154,52 +153,35 @@ class SearchClient:
 
     async def _request_with_retries(self, queries: list[str], topk: int, deadline: float) -> list[_Answer]:
         """Try until success, a final error, ``max_retries`` retries or the deadline, whichever is first."""
-        attempts, last = 0, None
+        async def attempt() -> list[list[SearchHit]]:
+            self.metrics.record_request(len(queries))
+            return await self.backend.fetch(queries, topk, self.config.timeout_s)
+
         try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    attempts += 1
-                    try:
-                        results = await self._attempt(queries, topk, is_retry=attempts > 1)
-                        return [_Answer(hits) for hits in results]
-                    except TransientBackendError as exc:
-                        last = exc
-                    if attempts > self.config.max_retries:
-                        break
-                    await asyncio.sleep(self._backoff_s(attempts))
-            message = (f"search backend {last.what} at {self.backend.target} after {attempts} "
-                       f"attempt{'s' if attempts > 1 else ''} ({last.cause})")
-        except FinalBackendError as exc:
-            message = f"search backend at {self.backend.target} {exc.reason}"
-        except TimeoutError:
-            cause = f", last: {last.what} ({last.cause})" if last else ""
-            plural = "s" if attempts > 1 else ""
-            message = (f"search backend at {self.backend.target} gave no answer within the "
-                       f"{self.config.deadline_s:g} s deadline ({attempts} attempt{plural}{cause})")
+            results = await self._caller.call(attempt, deadline=deadline)
+        except CallFailed as failed:
+            message = self._failure_message(failed)
+        else:
+            if len(results) == len(queries):
+                return [_Answer(hits) for hits in results]
+            message = (f"search backend at {self.backend.target} sent {len(results)} result lists for "
+                       f"{len(queries)} queries")
         log.warning("%d quer%s failed: %s", len(queries), "y" if len(queries) == 1 else "ies", message)
         return [_Answer([], message) for _ in queries]
 
-    async def _attempt(self, queries: list[str], topk: int, *, is_retry: bool) -> list[list[SearchHit]]:
-        """One request under the concurrency cap and the rate limit, cut off at ``timeout_s``."""
-        timeout_s = self.config.timeout_s
-        async with self._semaphore:
-            if self._bucket is not None:
-                await self._bucket.acquire()
-            self.metrics.retries += int(is_retry)
-            self.metrics.record_request(len(queries))
-            try:
-                async with asyncio.timeout(timeout_s):
-                    results = await self.backend.fetch(queries, topk, timeout_s)
-            except TimeoutError:
-                raise TransientBackendError("timed out", f"no answer in {timeout_s:g} s") from None
-        if len(results) != len(queries):
-            raise FinalBackendError(f"sent {len(results)} result lists for {len(queries)} queries")
-        return results
+    def _failure_message(self, failed: CallFailed) -> str:
+        target, attempts, last = self.backend.target, failed.attempts, failed.last
+        plural = "s" if attempts > 1 else ""
+        if failed.final is not None:
+            return f"search backend at {target} {failed.final.reason}"
+        if failed.deadline_passed:
+            cause = f", last: {last.what} ({last.cause})" if last else ""
+            return (f"search backend at {target} gave no answer within the {self.config.deadline_s:g} s deadline "
+                    f"({attempts} attempt{plural}{cause})")
+        return f"search backend {last.what} at {target} after {attempts} attempt{plural} ({last.cause})"
 
-    def _backoff_s(self, attempts: int) -> float:
-        """Full jitter: uniform in [0, min(max, base * 2^(attempts-1))]."""
-        ceiling = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** (attempts - 1))
-        return self._rng.uniform(0.0, ceiling)
+    def _count_attempt(self, is_retry: bool) -> None:
+        self.metrics.retries += int(is_retry)
 
     async def aclose(self) -> None:
         """Fail queued and in-flight queries with a 'closed' error and release the backend."""
@@ -218,3 +200,10 @@ class SearchClient:
                 future.set_result(closed)
         self._inflight.clear()
         await self.backend.aclose()
+
+
+def search_retry_policy(config: SearchToolConfig) -> RetryPolicy:
+    """``tools.search``'s limits as the shared retry policy."""
+    return RetryPolicy(timeout_s=config.timeout_s, max_retries=config.max_retries,
+                       backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s,
+                       max_concurrency=config.max_concurrency, rate_limit_per_s=config.rate_limit_per_s)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
+
+from rlinf_search.typed_section import section_to
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,7 @@ class SearchToolConfig:
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> SearchToolConfig:
         """Build from the ``tools.search`` section; a null value means the field's default."""
-        known = sorted(f.name for f in fields(cls))
-        unknown = sorted(set(section) - set(known))
-        if unknown:
-            raise ValueError(f"tools.search.{unknown[0]}: unknown key; tools.search takes {', '.join(known)}")
-        return cls(**{key: value for key, value in section.items() if value is not None})
+        return section_to(cls, section, key="tools.search")
 
     def __post_init__(self) -> None:
         self._check_backend()

@@ -1,44 +1,14 @@
-"""Per-client pacing and memory: a token-bucket rate limiter and an LRU cache of answers."""
+"""Per-client memory: the query normal form and an LRU cache of answers (pacing: ``rlinf_search.net.retry``)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import unicodedata
 from collections import OrderedDict
 
+from rlinf_search.net.retry import TokenBucket
 from rlinf_search.tools.search.base import SearchHit
 
-
-class TokenBucket:
-    """Async token bucket: ``rate`` requests per second, at most ``burst`` back to back.
-
-    Every ``acquire`` takes a token at once, letting the balance go negative, and then sleeps until
-    the balance it left would have refilled. That queues callers first come, first served, with no
-    lock and no polling.
-    """
-
-    def __init__(self, rate_per_s: float, *, burst: float = 1.0):
-        if rate_per_s <= 0:
-            raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
-        self.rate_per_s = rate_per_s
-        self.burst = burst
-        self._tokens = burst
-        self._updated = time.monotonic()
-
-    def _reserve(self) -> float:
-        """Take one token; return how long the caller must wait before using it."""
-        now = time.monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate_per_s)
-        self._updated = now
-        self._tokens -= 1.0
-        return max(0.0, -self._tokens / self.rate_per_s)
-
-    async def acquire(self) -> None:
-        """Wait for this caller's turn."""
-        wait_s = self._reserve()
-        if wait_s > 0:
-            await asyncio.sleep(wait_s)
+__all__ = ["AnswerCache", "TokenBucket", "normalise_query"]
 
 
 def normalise_query(query: str) -> str:

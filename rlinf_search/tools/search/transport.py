@@ -1,35 +1,14 @@
-"""What every backend shares: the two kinds of failure, the backend contract, and one JSON POST over httpx."""
+"""The search backend contract; the HTTP helpers and failure kinds every backend shares are in
+``rlinf_search.net.http``."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
-import httpx
-
+from rlinf_search.net.http import FinalBackendError, TransientBackendError, make_http_client, one_line, post_json
 from rlinf_search.tools.search.base import SearchHit
 
-# Enough of a refusal message to see what was wrong without flooding a log line or an observation.
-_DETAIL_CHARS = 160
-
-
-class TransientBackendError(Exception):
-    """A failure worth retrying: timeout, connection refused or reset, HTTP 5xx."""
-
-    def __init__(self, what: str, cause: str):
-        super().__init__(f"{what} ({cause})")
-        self.what = what
-        """Adjective for the error line: ``unreachable``, ``timed out``, ``failing``."""
-        self.cause = cause
-        """The exception class or status behind it: ``ConnectError``, ``HTTP 503``."""
-
-
-class FinalBackendError(Exception):
-    """A failure retrying cannot fix: a 4xx, a response that is not the expected shape."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-        """Completes ``search backend at X ...``: e.g. ``rejected the request (HTTP 400: ...)``."""
+__all__ = ["FinalBackendError", "SearchBackend", "TransientBackendError", "make_http_client", "one_line", "post_json"]
 
 
 class SearchBackend(Protocol):
@@ -47,51 +26,3 @@ class SearchBackend(Protocol):
     async def aclose(self) -> None:
         """Release connections, threads or loaded indexes."""
         ...
-
-
-def one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
-    """Collapse whitespace and cut, so a server's message fits in one log or observation line."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def make_http_client(max_connections: int, *, trust_env: bool) -> httpx.AsyncClient:
-    """A pooled client sized to the concurrency cap, so no request waits for a connection slot
-    that the semaphore has already granted."""
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(limits=limits, trust_env=trust_env)
-
-
-def _refusal_detail(response: httpx.Response) -> str:
-    """The server's own reason: our server and most others send ``{"error": ...}`` or ``{"detail": ...}``."""
-    try:
-        body = response.json()
-    except ValueError:
-        return one_line(response.text)
-    if isinstance(body, dict):
-        for key in ("error", "detail", "message"):
-            if key in body:
-                return one_line(str(body[key]))
-    return one_line(response.text)
-
-
-async def post_json(http: httpx.AsyncClient, url: str, payload: dict, *, timeout_s: float,
-                    headers: dict[str, str] | None = None) -> Any:
-    """POST ``payload`` as JSON and return the decoded body, classifying every failure."""
-    try:
-        response = await http.post(url, json=payload, headers=headers, timeout=timeout_s)
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        raise TransientBackendError("unreachable", type(exc).__name__) from None
-    except httpx.TimeoutException as exc:
-        raise TransientBackendError("timed out", type(exc).__name__) from None
-    except httpx.TransportError as exc:  # reset, closed mid-response, protocol error: a dying server
-        raise TransientBackendError("failing", type(exc).__name__) from None
-    # 429 is a 4xx that asks to come back later (web search APIs throttle per key): retry it.
-    if response.status_code >= 500 or response.status_code == 429:
-        raise TransientBackendError("failing", f"HTTP {response.status_code}")
-    if response.status_code >= 400:
-        raise FinalBackendError(f"rejected the request (HTTP {response.status_code}: {_refusal_detail(response)})")
-    try:
-        return response.json()
-    except ValueError:
-        raise FinalBackendError(f"sent a response that is not JSON (HTTP {response.status_code})") from None

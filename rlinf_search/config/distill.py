@@ -1,0 +1,42 @@
+"""``algorithm.distill``: on-policy distillation settings, read once at start-up (``DistillConfig``)."""
+
+from __future__ import annotations
+
+from rlinf_search.config.readers import get, get_bool, get_float, get_int
+from rlinf_search.config.schema import ConfigError
+from rlinf_search.distill.config import DistillConfig, TeacherConfig
+
+# ``algorithm.distill.enable``: a run distils only when asked to.
+DISTILL_BY_DEFAULT = False
+
+
+def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
+    """The distillation settings when ``algorithm.distill.enable`` is true, else None (any other
+    ``algorithm.distill`` key is then an error: it would do nothing)."""
+    section = get(raw, "algorithm.distill", {})
+    if not get_bool(raw, "algorithm.distill.enable", DISTILL_BY_DEFAULT):
+        stray = sorted(key for key, value in section.items() if key != "enable" and value is not None)
+        if stray:
+            raise ConfigError(f"algorithm.distill.{stray[0]}: read only with algorithm.distill.enable: true")
+        return None
+    if temperature != 1.0:
+        raise ConfigError(f"algorithm.distill: needs algorithm.sampling_params.temperature 1.0 (got {temperature:g}): "
+                          "vLLM's echoed prompt log-probs are of the unscaled distribution whatever temperature a "
+                          "request asks for, so teacher and student log-probs would be of different distributions")
+    teacher = get(raw, "algorithm.distill.teacher", {})
+    if not isinstance(teacher, dict):
+        raise ConfigError(f"algorithm.distill.teacher: expected a section of keys, got {type(teacher).__name__}")
+    try:
+        return DistillConfig(
+            teacher=TeacherConfig.from_dict(teacher),
+            mode=get(raw, "algorithm.distill.mode", DistillConfig.mode),
+            coef=get_float(raw, "algorithm.distill.coef", DistillConfig.coef),
+            discount=get_float(raw, "algorithm.distill.discount", DistillConfig.discount),
+            clip=get_float(raw, "algorithm.distill.clip", DistillConfig.clip),
+            max_failed_fraction=get_float(raw, "algorithm.distill.max_failed_fraction",
+                                          DistillConfig.max_failed_fraction),
+            failure_window_steps=get_int(raw, "algorithm.distill.failure_window_steps",
+                                         DistillConfig.failure_window_steps),
+            temperature=temperature)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None

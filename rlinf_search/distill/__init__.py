@@ -1,0 +1,1 @@
+"""On-policy distillation: a teacher behind an OpenAI-compatible server scores the student's tokens."""

@@ -1,0 +1,92 @@
+"""The teacher's log-probs placed on the student's response tokens.
+
+Shared tokenizer: the teacher scored the very ids the student sampled, so response token ``k`` takes
+the teacher's value at ``len(prompt) + k``.
+
+Different tokenizers: the teacher scored a text (its own rendering of the prompt, then the student's
+response text as decoded). A student token covering characters ``[a, b)`` of the response gets the
+sum of the log-probs of the teacher tokens that exactly tile ``[a, b)`` (the chain rule: the
+probability of that string); when a teacher token crosses ``a`` or ``b`` the token gets no signal and
+is counted as unaligned. Only model tokens (mask 1) are ever scored.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+
+@dataclass
+class AlignedLogprobs:
+    """Teacher log-probs on one trajectory's response tokens."""
+
+    values: list[float]
+    """Per response token: the teacher's log-prob where ``scored``, else 0.0."""
+    scored: list[bool]
+    """Whether the token got a teacher value (model tokens that aligned and had one)."""
+    unaligned: int
+    """Model tokens left without a value because the two tokenizations do not share their boundaries
+    (or the server gave none)."""
+
+
+def from_shared_ids(teacher: list[float | None], *, prompt_length: int, response_mask: list[int]) -> AlignedLogprobs:
+    """Response token ``k`` takes ``teacher[prompt_length + k]`` (the teacher scored the same ids)."""
+    values, scored, unaligned = [], [], 0
+    for k, mask in enumerate(response_mask):
+        value = teacher[prompt_length + k] if prompt_length + k < len(teacher) else None
+        ok = bool(mask) and value is not None
+        unaligned += int(bool(mask) and not ok)
+        values.append(float(value) if ok else 0.0)
+        scored.append(ok)
+    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned)
+
+
+def char_extents(decode, ids: list[int]) -> list[tuple[int, int] | None]:
+    """``[start, end)`` of each token in ``decode(ids)``; None for a token that ends inside a character
+    (its bytes decode as U+FFFD until a later token completes the character). ``decode``: the tokenizer's
+    ``decode``, called on growing prefixes."""
+    extents: list[tuple[int, int] | None] = []
+    previous = 0
+    for end in range(1, len(ids) + 1):
+        text = decode(ids[:end])
+        if text.endswith("\ufffd"):
+            extents.append(None)
+            continue
+        extents.append((previous, len(text)))
+        previous = len(text)
+    return extents
+
+
+def from_text_offsets(teacher: list[float | None], offsets: list[int], *, text_length: int, response_start: int,
+                      extents: list[tuple[int, int] | None], response_mask: list[int]) -> AlignedLogprobs:
+    """Map teacher tokens (``offsets`` into a text of ``text_length`` characters whose response starts at
+    ``response_start``) onto the student's response tokens (``extents`` within the response text)."""
+    starts = list(offsets)
+    boundaries = set(starts) | {text_length}
+    values, scored, unaligned = [], [], 0
+    for extent, mask in zip(extents, response_mask, strict=True):
+        if not mask:
+            values.append(0.0)
+            scored.append(False)
+            continue
+        total = _tiling_sum(teacher, starts, boundaries, extent, response_start)
+        unaligned += int(total is None)
+        values.append(0.0 if total is None else total)
+        scored.append(total is not None)
+    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned)
+
+
+def _tiling_sum(teacher: list[float | None], starts: list[int], boundaries: set[int],
+                extent: tuple[int, int] | None, response_start: int) -> float | None:
+    """Sum of the teacher log-probs of the tokens that exactly tile ``extent``, or None."""
+    if extent is None or extent[0] == extent[1]:
+        return None
+    begin, end = response_start + extent[0], response_start + extent[1]
+    if begin not in boundaries or end not in boundaries:
+        return None
+    first = bisect.bisect_left(starts, begin)
+    last = bisect.bisect_left(starts, end)
+    inside = teacher[first:last]
+    if not inside or any(value is None for value in inside):
+        return None
+    return float(sum(inside))

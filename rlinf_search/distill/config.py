@@ -1,0 +1,105 @@
+"""``algorithm.distill``: on-policy distillation from a teacher behind an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from rlinf_search.net.retry import RetryPolicy
+from rlinf_search.typed_section import section_to
+
+DISTILL_MODES = ("add", "only")
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """``algorithm.distill.teacher``: where the teacher is served and how hard the client may push it."""
+
+    base_url: str = "http://127.0.0.1:8001/v1"
+    """The server's OpenAI API root (``vllm serve`` and ``python -m rlinf_search.serve`` serve ``/v1``)."""
+    model: str = ""
+    """The model name requests carry (``vllm serve``'s ``--served-model-name``, else its path)."""
+    tokenizer: str | None = None
+    """None: the teacher shares the student's tokenizer and scores the sampled ids as they are. A path
+    or name: the teacher's own tokenizer; the text is re-rendered with its chat template and its
+    log-probs are mapped back to the student's tokens by character offsets."""
+    api_key_env: str = "TEACHER_API_KEY"
+    """Environment variable holding the API key (sent as ``Authorization: Bearer``); unset: no key.
+    The key never reaches config dumps, logs or errors."""
+    timeout_s: float = 60.0
+    """Limit on one request."""
+    deadline_s: float = 180.0
+    """Limit on one trajectory's scoring, retries included: past it the trajectory trains without
+    the signal."""
+    max_retries: int = 2
+    """Retries on timeouts, connection errors, 5xx and 429."""
+    backoff_base_s: float = 0.5
+    """First retry waits up to this long; each later one up to twice the previous (full jitter)."""
+    backoff_max_s: float = 8.0
+    """Cap on a single backoff wait."""
+    max_concurrency: int = 32
+    """Requests in flight at once."""
+    rate_limit_per_s: float = 0.0
+    """Requests started per second; 0 means unlimited."""
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> TeacherConfig:
+        return section_to(cls, section, key="algorithm.distill.teacher")
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"algorithm.distill.teacher.base_url: expected http(s)://host:port/v1, got "
+                             f"{self.base_url!r}")
+        if not self.model:
+            raise ValueError("algorithm.distill.teacher.model is required (the name the server serves)")
+        positive = {"timeout_s": self.timeout_s, "deadline_s": self.deadline_s,
+                    "max_concurrency": self.max_concurrency}
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"algorithm.distill.teacher.{name} must be > 0, got {value}")
+        if self.max_retries < 0 or self.rate_limit_per_s < 0:
+            raise ValueError("algorithm.distill.teacher.max_retries and rate_limit_per_s must be >= 0")
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(timeout_s=self.timeout_s, max_retries=self.max_retries,
+                           backoff_base_s=self.backoff_base_s, backoff_max_s=self.backoff_max_s,
+                           max_concurrency=self.max_concurrency, rate_limit_per_s=self.rate_limit_per_s)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """``algorithm.distill``: how the teacher's per-token signal enters the advantage."""
+
+    teacher: TeacherConfig
+    """``algorithm.distill.teacher``."""
+    mode: str = "add"
+    """``add``: the term is added to the GRPO advantage; ``only``: it replaces it."""
+    coef: float = 1.0
+    """Weight of the term ``-coef * KL``, where KL is ``log p_student - log p_teacher`` on a model token."""
+    discount: float = 0.0
+    """Each token's term also sums the following tokens' KL of the same turn, discounted by this (0:
+    the token's own KL only; 1: the rest of the turn)."""
+    clip: float | None = None
+    """Clip each token's term to ``[-clip, clip]``; None: no clip."""
+    max_failed_fraction: float = 0.5
+    """The run stops, with one line, when more than this share of the trajectories of the last
+    ``failure_window_steps`` steps got no teacher signal (a teacher that is down for good)."""
+    failure_window_steps: int = 5
+    """Steps the failure share is measured over."""
+    temperature: float = field(default=1.0)
+    """The rollout temperature, at which both log-probs are taken (from ``algorithm.sampling_params``)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in DISTILL_MODES:
+            raise ValueError(f"algorithm.distill.mode: unknown {self.mode!r}; choose one of {', '.join(DISTILL_MODES)}")
+        if self.coef <= 0:
+            raise ValueError(f"algorithm.distill.coef must be > 0, got {self.coef}")
+        if not 0 <= self.discount <= 1:
+            raise ValueError(f"algorithm.distill.discount must be in [0, 1], got {self.discount}")
+        if self.clip is not None and self.clip <= 0:
+            raise ValueError(f"algorithm.distill.clip must be > 0 or null, got {self.clip}")
+        if not 0 <= self.max_failed_fraction <= 1:
+            raise ValueError(f"algorithm.distill.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
+        if self.failure_window_steps < 1:
+            raise ValueError(f"algorithm.distill.failure_window_steps must be >= 1, got {self.failure_window_steps}")

@@ -1,0 +1,1 @@
+"""Calling remote services: HTTP helpers, failure kinds, retries under a deadline."""

@@ -1,0 +1,101 @@
+"""Shared by the project's HTTP servers (retrieval, the OpenAI-compatible model server): one-line 4xx
+refusals, a capped JSON body reader, a listening socket, and the address file a launcher polls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ValidationError
+
+log = logging.getLogger(__name__)
+
+
+class ClientError(Exception):
+    """A request the server understood and refuses; becomes a 4xx with ``message``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def validation_message(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+    return f"invalid request field '{where}': {first.get('msg', 'invalid value')}"
+
+
+async def read_body(request: Request, model: type[BaseModel], max_bytes: int) -> BaseModel:
+    """Parse the body as JSON whatever its content type (curl -d sends form-encoded), within a size cap."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ClientError(413, f"request body exceeds the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    try:
+        payload = json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ClientError(400, "request body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise ClientError(400, f"request body must be a JSON object, got {type(payload).__name__}")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise ClientError(400, validation_message(exc)) from None
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
+    # listening socket says TCP, and without it Nagle plus delayed ACK hold every keep-alive response
+    # (uvicorn writes headers and body separately) for 40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def write_address(path: str, address: str) -> None:
+    # Written only once the socket listens, and atomically, so a launcher polling the file can connect.
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(address + "\n")
+    os.replace(tmp, target)
+
+
+def socket_address(sock: socket.socket) -> str:
+    """``host:port`` (``[host]:port`` for IPv6) a client connects to."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def serve_forever(app: FastAPI, sock: socket.socket, *, on_started: Callable[[str], None],
+                  address_file: str | None = None) -> None:
+    """Serve ``app`` on the listening ``sock`` until stopped; once it accepts connections, call
+    ``on_started(address)`` and write the address to ``address_file`` (for a launcher to poll)."""
+    address = socket_address(sock)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            on_started(address)
+            if address_file:
+                write_address(address_file, address)
+        await task
+
+    asyncio.run(serve())

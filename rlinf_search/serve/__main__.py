@@ -1,0 +1,43 @@
+"""``python -m rlinf_search.serve --model DIR``: an OpenAI-compatible completions server over a Hugging
+Face model (CPU or one GPU), for a distillation teacher where ``vllm serve`` is not installed."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from rlinf_search.net.serving import bind_socket, serve_forever
+from rlinf_search.serve.app import create_app
+from rlinf_search.serve.completion_model import CompletionModel
+
+log = logging.getLogger("rlinf_search.serve")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlinf_search.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--served-model-name", default=None, help="the name requests use (default: --model)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001, help="0 picks a free port (see --save-address-to)")
+    parser.add_argument("--save-address-to", default=None, help="write host:port here once listening")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if not Path(args.model).is_dir():
+            raise FileNotFoundError(f"--model {args.model}: no such model directory")
+        model = CompletionModel(args.model, dtype=args.dtype)
+        sock = bind_socket(args.host, args.port)
+    except (OSError, ValueError) as exc:
+        print(f"completions server: {exc}", file=sys.stderr)
+        return 1
+    name = args.served_model_name or args.model
+    serve_forever(create_app(model, served_name=name), sock, address_file=args.save_address_to,
+                  on_started=lambda address: log.info("serving %s as %r on %s", args.model, name, address))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

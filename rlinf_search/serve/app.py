@@ -1,0 +1,100 @@
+"""The OpenAI-compatible completions server: ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``.
+
+It speaks the subset a distillation teacher needs, as vLLM and SGLang do: a prompt as text or token
+ids, ``echo`` with ``logprobs`` (each prompt token's log-prob, ``text_offset`` into the text),
+``max_tokens`` (0 scores only), ``temperature``. Bad requests get a one-line 4xx and the server keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from rlinf_search.net.serving import ClientError, read_body
+from rlinf_search.serve.completion_model import CompletionModel
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class CompletionRequest(BaseModel):
+    """Body of ``POST /v1/completions`` (fields this server does not use are ignored, as OpenAI's are)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr
+    prompt: StrictStr | list[StrictInt]
+    max_tokens: StrictInt = Field(default=16, ge=0)
+    temperature: float = Field(default=1.0, ge=0)
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0)
+    seed: StrictInt | None = None
+
+
+def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
+    """The app around a loaded model; requests run one at a time on a worker thread."""
+    app = FastAPI(title="rlinf-search completions server")
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+    vocab = len(model.tokenizer)
+
+    @app.exception_handler(ClientError)
+    async def _client_error(_request: Request, exc: ClientError):
+        return JSONResponse({"error": {"message": exc.message, "type": "invalid_request_error"}},
+                            status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception):
+        log.exception("internal error")
+        return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}"}}, status_code=500)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served_name, "object": "model", "owned_by": "rlinf-search"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await read_body(request, CompletionRequest, MAX_BODY_BYTES)
+        if body.model != served_name:
+            raise ClientError(404, f"model {body.model!r} is not served here; this server serves {served_name!r}")
+        ids = list(body.prompt) if isinstance(body.prompt, list) else model.encode(body.prompt)
+        if not ids:
+            raise ClientError(400, "prompt is empty")
+        if any(not 0 <= token < vocab for token in ids):
+            raise ClientError(400, f"prompt holds a token id outside the vocabulary (0-{vocab - 1})")
+        if len(ids) + body.max_tokens > model.max_length:
+            raise ClientError(400, f"prompt ({len(ids)} tokens) + max_tokens ({body.max_tokens}) exceed the "
+                                   f"model's {model.max_length} tokens")
+        loop = asyncio.get_running_loop()
+        new = await loop.run_in_executor(executor, lambda: model.sample(
+            ids, max_tokens=body.max_tokens, temperature=body.temperature, seed=body.seed))
+        choice = {"index": 0, "text": model.tokenizer.decode(new),
+                  "finish_reason": "stop" if new and new[-1] == model.tokenizer.eos_token_id else "length",
+                  "logprobs": None}
+        if body.logprobs is not None:
+            scored_ids = (ids if body.echo else []) + new
+            logprobs = await loop.run_in_executor(executor, lambda: model.score(
+                ids + new, temperature=body.temperature or 1.0))
+            kept = logprobs if body.echo else logprobs[len(ids):]
+            described = model.describe(scored_ids, kept)
+            choice["logprobs"] = {"tokens": described.tokens, "token_logprobs": described.logprobs,
+                                  "text_offset": described.offsets, "top_logprobs": None}
+        if body.echo:
+            choice["text"] = model.tokenizer.decode(ids) + choice["text"]
+        return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
+                "model": served_name, "choices": [choice],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(new),
+                          "total_tokens": len(ids) + len(new)}}
+
+    return app

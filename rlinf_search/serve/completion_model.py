@@ -1,0 +1,92 @@
+"""A Hugging Face causal LM behind the completions API: log-probs of given tokens, and sampling.
+
+CPU users and the tests serve a teacher with it; on GPUs ``vllm serve`` takes its place behind the same
+API (``examples/searchr1/start_teacher_server.sh``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+@dataclass
+class ScoredText:
+    """A token sequence with each token's log-prob given the ones before it, and its place in the text."""
+
+    ids: list[int]
+    """The tokens, prompt first."""
+    tokens: list[str]
+    """Each token as text (what the completions API's ``logprobs.tokens`` holds)."""
+    logprobs: list[float | None]
+    """Log-prob of each token given the ones before; None for the first (nothing conditions it)."""
+    offsets: list[int]
+    """Character offset of each token in ``text`` (``logprobs.text_offset``)."""
+    text: str
+    """The decoded sequence."""
+
+
+class CompletionModel:
+    """One model and its tokenizer; calls are serialised by the server (one forward at a time)."""
+
+    def __init__(self, model_path: str, *, dtype: str = "auto", device: str | None = None):
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
+        self.max_length = int(getattr(self.model.config, "max_position_embeddings", 32768))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def score(self, ids: list[int], *, temperature: float) -> list[float | None]:
+        """Log-prob of each of ``ids`` given the ones before it, from ``logits / temperature``."""
+        if len(ids) > self.max_length:
+            raise ValueError(f"{len(ids)} tokens exceed the model's {self.max_length}")
+        if len(ids) < 2:
+            return [None] * len(ids)
+        batch = torch.tensor([ids], device=self.device)
+        logits = self.model(input_ids=batch).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        chosen = logprobs.gather(1, batch[0, 1:, None])[:, 0]
+        return [None] + chosen.tolist()
+
+    @torch.no_grad()
+    def sample(self, ids: list[int], *, max_tokens: int, temperature: float, seed: int | None) -> list[int]:
+        """Up to ``max_tokens`` new tokens after ``ids`` (greedy at temperature 0), stopping at EOS."""
+        if max_tokens == 0:
+            return []
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else torch.seed())
+        out, sequence = [], torch.tensor([ids], device=self.device)
+        past = None
+        for _ in range(max_tokens):
+            result = self.model(input_ids=sequence if past is None else sequence[:, -1:], past_key_values=past,
+                                use_cache=True)
+            past, logits = result.past_key_values, result.logits[0, -1].float()
+            if temperature == 0:
+                token = int(logits.argmax())
+            else:
+                probs = torch.softmax(logits / temperature, dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            out.append(token)
+            if token == self.tokenizer.eos_token_id:
+                break
+            sequence = torch.cat([sequence, torch.tensor([[token]], device=self.device)], dim=1)
+        return out
+
+    def describe(self, ids: list[int], logprobs: list[float | None]) -> ScoredText:
+        """Tokens as text and their character offsets in the decoded sequence (a token whose bytes
+        complete a character later starts where that character does)."""
+        tokens, offsets, previous = [], [], ""
+        for end in range(1, len(ids) + 1):
+            prefix = self.tokenizer.decode(ids[:end])
+            stable = prefix.rstrip("\ufffd")  # a partial UTF-8 character decodes as U+FFFD until complete
+            offsets.append(len(previous))
+            tokens.append(self.tokenizer.decode(ids[end - 1:end]))
+            previous = stable
+        return ScoredText(ids=ids, tokens=tokens, logprobs=logprobs, offsets=offsets,
+                          text=self.tokenizer.decode(ids))

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# On-policy distillation on the embedded task, side by side: GRPO alone vs GRPO + the teacher's per-token
+# signal, same seed and steps, from a student warm-started on the format only (no reading, no skill
+# stage). The teacher is the demo's trained model, served by python -m rlinf_search.serve.
+#   bash scripts/distill_demo.sh          # runs scripts/demo.sh first when DEMO_OUT holds no trained model
+# Ends with one line: held-out EM after N steps: GRPO A, GRPO + distillation B (and distill.png).
+set -euo pipefail
+source "$(dirname "$0")/setup_env.sh"
+cd "$ROOT"
+DEMO="${DEMO_OUT:-outputs/demo}"
+OUT="${DISTILL_OUT:-outputs/distill}"
+STEPS="${DISTILL_RL_STEPS:-30}"
+FORMAT_STEPS="${DISTILL_FORMAT_STEPS:-100}"  # behaviour-mix steps: the tags and when to search, little skill
+EVAL_N="${DISTILL_EVAL_N:-300}"
+SEED="${DISTILL_SEED:-0}"
+TEACHER="${DISTILL_TEACHER:-$DEMO/rl/checkpoints/global_step_30/hf_model}"
+export HF_HUB_DISABLE_PROGRESS_BARS="${HF_HUB_DISABLE_PROGRESS_BARS:-1}"
+step() { printf '\n== %s\n' "$*"; }
+mkdir -p "$OUT"
+
+if [ ! -d "$TEACHER" ]; then
+    step "0/7 no teacher at $TEACHER: running the demo first (about 15 minutes)"
+    DEMO_OUT="$DEMO" bash scripts/demo.sh
+fi
+
+step "1/7 retrieval and teacher servers on free loopback ports"
+rm -f "$OUT/server.addr" "$OUT/teacher.addr"
+"$PY" -m rlinf_search.retrieval.server --index-dir "$DEMO/index" --corpus "$DEMO/data/corpus.jsonl" \
+    --retriever bm25 --host 127.0.0.1 --port 0 --save-address-to "$OUT/server.addr" > "$OUT/server.log" 2>&1 &
+SERVER_PID=$!
+"$PY" -m rlinf_search.serve --model "$TEACHER" --served-model-name teacher --port 0 \
+    --save-address-to "$OUT/teacher.addr" > "$OUT/teacher.log" 2>&1 &
+TEACHER_PID=$!
+trap 'kill $SERVER_PID $TEACHER_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/server.addr" --timeout 120)
+TEACHER_ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/teacher.addr" --timeout 120)
+echo "retrieval at $ADDR, teacher at $TEACHER_ADDR ($TEACHER)"
+
+step "2/7 student: the demo's untrained model, warm-started on the format only ($FORMAT_STEPS steps)"
+"$PY" -m toolkits.sft_warmstart --model "$DEMO/model/base" --data "$DEMO/data/train.prepared.jsonl" \
+    --server-addr "$ADDR" --out "$OUT/student" --reading-steps 0 --skill-steps 0 --mix-steps "$FORMAT_STEPS" \
+    --seed "$SEED"
+
+step "3/7 held-out test EM of the student and of the teacher (greedy)"
+for who in student teacher; do
+    model="$OUT/student"; [ "$who" = teacher ] && model="$TEACHER"
+    "$PY" -m rlinf_search.runners.eval_runner --model "$model" --data "$DEMO/data/test.prepared.jsonl" \
+        --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/$who" | tail -n 1
+done
+
+COMMON=(runner.max_steps="$STEPS" runner.resume_dir=null rollout.model.model_path="$OUT/student"
+        tools.search.server_addr="$ADDR" data.seed="$SEED" data.train_data_paths="[$DEMO/data/train.prepared.jsonl]"
+        data.val_data_paths="[$DEMO/data/val.prepared.jsonl]")
+step "4/7 GRPO alone ($STEPS steps)"
+rm -rf "$OUT/grpo"
+"$PY" examples/searchr1/main_searchr1.py runner.output_dir="$OUT/grpo" "${COMMON[@]}"
+
+step "5/7 GRPO + distillation ($STEPS steps, same seed)"
+rm -rf "$OUT/distill"
+"$PY" examples/searchr1/main_searchr1.py --config-name tiny-cpu-distill runner.output_dir="$OUT/distill" "${COMMON[@]}" \
+    algorithm.distill.teacher.base_url="http://$TEACHER_ADDR/v1"
+
+step "6/7 held-out test EM after RL"
+for run in grpo distill; do
+    "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/$run/checkpoints/global_step_$STEPS/hf_model" \
+        --data "$DEMO/data/test.prepared.jsonl" --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" \
+        --out "$OUT/eval/$run" | tail -n 1
+done
+
+step "7/7 curves and summary"
+"$PY" examples/searchr1/distill_summary.py --out "$OUT" --steps "$STEPS"

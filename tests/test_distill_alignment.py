@@ -1,0 +1,137 @@
+"""Teacher log-probs placed on student tokens: hand-made cases with exact expected values, then a real
+tokenizer pair (the tiny model's BPE and a byte-level one) on a real response text."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlinf_search.distill.alignment import char_extents, from_shared_ids, from_text_offsets
+from rlinf_search.distill.config import DistillConfig, TeacherConfig
+from rlinf_search.distill.signal import combine, distill_term, reverse_kl, turn_ids
+
+
+def test_shared_tokenizer_takes_the_value_at_the_same_position():
+    # prompt of 2 tokens, response of 4: model, model, observation, model
+    teacher = [None, -0.5, -1.0, -2.0, -3.0, -4.0]
+    aligned = from_shared_ids(teacher, prompt_length=2, response_mask=[1, 1, 0, 1])
+    assert aligned.values == [-1.0, -2.0, 0.0, -4.0]
+    assert aligned.scored == [True, True, False, True] and aligned.unaligned == 0
+
+
+def test_shared_tokenizer_counts_a_missing_value_as_unaligned():
+    aligned = from_shared_ids([None, None, -1.0], prompt_length=1, response_mask=[1, 1])
+    assert aligned.scored == [False, True] and aligned.unaligned == 1
+
+
+def test_different_tokenizers_sum_teacher_tokens_that_tile_a_student_token():
+    # Teacher text: "P:" (prompt, 2 chars) + response "abcdef" -> the response starts at 2.
+    # Teacher tokens: "P:" [0,2) | "ab" [2,4) | "c" [4,5) | "de" [5,7) | "f" [7,8)
+    teacher_lp, offsets = [None, -1.0, -0.25, -2.0, -0.5], [0, 2, 4, 5, 7]
+    # Student tokens of "abcdef": "a" [0,1) | "bc" [1,3) | "d" [3,4) | "ef" [4,6)  -> no common boundary
+    # except the ends; then "abc" | "def" would tile: check both layouts.
+    crossed = from_text_offsets(teacher_lp, offsets, text_length=8, response_start=2,
+                                extents=[(0, 1), (1, 3), (3, 4), (4, 6)], response_mask=[1, 1, 1, 1])
+    assert crossed.scored == [False, False, False, False] and crossed.unaligned == 4
+    tiled = from_text_offsets(teacher_lp, offsets, text_length=8, response_start=2,
+                              extents=[(0, 3), (3, 6)], response_mask=[1, 1])
+    # "abc" = "ab" + "c": -1.0 + -0.25; "def" = "de" + "f": -2.0 + -0.5
+    assert tiled.values == [-1.25, -2.5] and tiled.scored == [True, True] and tiled.unaligned == 0
+
+
+def test_different_tokenizers_score_model_tokens_only_and_skip_split_characters():
+    teacher_lp, offsets = [None, -1.0, -3.0], [0, 2, 4]
+    aligned = from_text_offsets(teacher_lp, offsets, text_length=6, response_start=2,
+                                extents=[(0, 2), None, (2, 4)], response_mask=[1, 1, 0])
+    assert aligned.values == [-1.0, 0.0, 0.0] and aligned.scored == [True, False, False]
+    assert aligned.unaligned == 1  # the token ending inside a character; the observation is not counted
+
+
+def test_char_extents_follow_growing_prefixes():
+    pieces = {1: "he", 2: "llo", 3: " w", 4: "\ufffd"}
+
+    def decode(ids):
+        text = "".join(pieces[i] for i in ids)
+        return text if not text.endswith("\ufffd") else text
+
+    assert char_extents(decode, [1, 2, 3]) == [(0, 2), (2, 5), (5, 7)]
+    assert char_extents(decode, [1, 4]) == [(0, 2), None]
+
+
+def test_a_real_tokenizer_pair_aligns_on_shared_boundaries(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    student = AutoTokenizer.from_pretrained(tiny_model_dir)
+    response = " The answer is <answer>Paris</answer>"
+    ids = student(response, add_special_tokens=False)["input_ids"]
+    extents = char_extents(student.decode, ids)
+    # A "teacher" that tokenizes by single characters: every student boundary is a teacher boundary, so
+    # every token is scored with the sum of its characters' values (here -0.1 each).
+    prompt = "Q?"
+    text = prompt + student.decode(ids)
+    offsets = list(range(len(text)))
+    teacher_lp = [None] + [-0.1] * (len(text) - 1)
+    aligned = from_text_offsets(teacher_lp, offsets, text_length=len(text), response_start=len(prompt),
+                                extents=extents, response_mask=[1] * len(ids))
+    assert aligned.unaligned == 0
+    for value, (start, end) in zip(aligned.values, extents):
+        assert value == pytest.approx(-0.1 * (end - start))
+
+
+def _config(**overrides) -> DistillConfig:
+    return DistillConfig(teacher=TeacherConfig(model="teacher"), **overrides)
+
+
+def test_the_term_is_minus_coef_times_kl_on_model_tokens():
+    student = torch.tensor([[-1.0, -2.0, -0.5, -1.0]])
+    teacher = torch.tensor([[-1.5, -1.0, -9.0, -1.0]])
+    scored = torch.tensor([[True, True, False, False]])
+    mask = torch.tensor([[1, 1, 0, 1]])
+    kl = reverse_kl(student, teacher, scored)
+    assert kl.tolist() == [[0.5, -1.0, 0.0, 0.0]]
+    term = distill_term(kl, scored, mask, _config(coef=2.0))
+    assert term.tolist() == [[-1.0, 2.0, 0.0, 0.0]]
+    clipped = distill_term(kl, scored, mask, _config(coef=2.0, clip=1.5))
+    assert clipped.tolist() == [[-1.0, 1.5, 0.0, 0.0]]
+
+
+def test_discount_sums_the_rest_of_the_turn_only():
+    # turn 1: tokens 0-1, observation: token 2, turn 2: token 3
+    mask = torch.tensor([[1, 1, 0, 1]])
+    assert turn_ids(mask).tolist() == [[1, 1, 1, 2]]
+    kl = torch.tensor([[1.0, 2.0, 0.0, 4.0]])
+    scored = mask.bool()
+    term = distill_term(kl, scored, mask, _config(discount=0.5))
+    # token 0: 1 + 0.5 * 2 = 2; token 1: 2 (the observation adds nothing, turn 2 is not summed); token 3: 4
+    assert term.tolist() == [[-2.0, -2.0, 0.0, -4.0]]
+
+
+def test_add_and_only_modes():
+    advantages = torch.tensor([[1.0, 1.0, 0.0]])
+    term = torch.tensor([[-0.5, 0.25, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert combine(advantages, term, mask, _config(mode="add")).tolist() == [[0.5, 1.25, 0.0]]
+    assert combine(advantages, term, mask, _config(mode="only")).tolist() == [[-0.5, 0.25, 0.0]]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"mode": "sum"}, "algorithm.distill.mode: unknown 'sum'"),
+    ({"coef": 0.0}, "algorithm.distill.coef must be > 0"),
+    ({"discount": 1.5}, "algorithm.distill.discount must be in"),
+    ({"clip": -1.0}, "algorithm.distill.clip must be > 0"),
+])
+def test_bad_settings_name_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**overrides)
+
+
+def test_teacher_settings_name_the_key():
+    with pytest.raises(ValueError, match="algorithm.distill.teacher.model is required"):
+        TeacherConfig()
+    with pytest.raises(ValueError, match="algorithm.distill.teacher.base_url"):
+        TeacherConfig(model="t", base_url="localhost:8001")
+    with pytest.raises(ValueError, match="algorithm.distill.teacher.api_key: unknown key"):
+        TeacherConfig.from_dict({"model": "t", "api_key": "sk-secret"})
+    assert math.isfinite(TeacherConfig(model="t").deadline_s)

@@ -1,0 +1,64 @@
+"""Distillation through the path users run: Ray worker groups, the retrieval server, and a teacher
+served by ``python -m rlinf_search.serve`` on loopback; then a run whose teacher is down."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from omegaconf import OmegaConf
+
+from rlinf_search.checkpoint import latest_checkpoint
+from rlinf_search.config import validate_cfg
+from tests.test_teacher_server import start_teacher
+from tests.test_train_runner import ROOT, _config, _metrics, _run, server, synth  # noqa: F401 (fixtures)
+
+
+def _distill_config(tmp_path, synth, server, tiny_model_dir, base_url: str, **changes):  # noqa: F811
+    cfg = _config(tmp_path, synth, server, tiny_model_dir, **{
+        "runner.max_steps": 2, "runner.val_check_interval": 0, "data.rollout_batch_size": 2,
+        "algorithm.sampling_params.max_new_tokens": 16, **changes})
+    cfg.algorithm.distill = {"enable": True, "teacher": {"base_url": base_url, "model": "teacher", "deadline_s": 20,
+                                                          "backoff_base_s": 0.05}}
+    for dotted, value in changes.items():
+        OmegaConf.update(cfg, dotted, value)
+    return cfg
+
+
+def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_path, synth, server,  # noqa: F811
+                                                                            tiny_model_dir):
+    teacher, address = start_teacher(tiny_model_dir, tmp_path)
+    try:
+        cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, f"http://{address}/v1")
+        assert validate_cfg(cfg).distill.temperature == 1.0
+        result = _run(cfg, tmp_path)
+    finally:
+        teacher.kill()
+        teacher.wait()
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = _metrics(tmp_path / "run")
+    # Step 1: the student is the teacher's weights, scored at the same temperature: KL 0 on every token.
+    assert first["distill/scored_token_fraction"] == 1.0 and first["distill/failed_trajectories"] == 0
+    assert abs(first["distill/reverse_kl"]) < 1e-4, first["distill/reverse_kl"]
+    assert first["distill/teacher_logprob_mean"] < 0 and first["distill/teacher_latency_s"] > 0
+    # Step 2: the student has moved by one update, the teacher has not.
+    assert second["distill/scored_token_fraction"] == 1.0 and abs(second["distill/reverse_kl"]) > 1e-6
+
+
+def test_a_teacher_that_stays_down_stops_the_run_in_one_line_after_its_window(tmp_path, synth, server,  # noqa: F811
+                                                                               tiny_model_dir):
+    cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, "http://127.0.0.1:9/v1",
+                          **{"runner.max_steps": 3, "algorithm.distill.failure_window_steps": 2})
+    cfg.hydra = {"run": {"dir": str(tmp_path / "hydra")}, "output_subdir": None}
+    OmegaConf.save(cfg, tmp_path / "distill.yaml")
+    result = subprocess.run([sys.executable, "examples/searchr1/main_searchr1.py", "--config-path", str(tmp_path),
+                             "--config-name", "distill"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped: algorithm.distill: the teacher gave no signal for 8 of 8 trajectories over "
+                           "the last 2 steps"), last
+    assert "unreachable" in last and "Traceback" not in result.stderr
+    # Step 1 trained without the signal and was saved; step 2 never finished.
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1] and rows[0]["distill/failed_trajectories"] == 4
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "global_step_1"

@@ -1,0 +1,139 @@
+"""The teacher path for real: ``python -m rlinf_search.serve`` on loopback over the tiny model, and the
+``TeacherClient`` against it (ids and text), its refusals, and a teacher killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from rlinf_search.distill.alignment import char_extents, from_shared_ids, from_text_offsets
+from rlinf_search.distill.config import TeacherConfig
+from rlinf_search.distill.teacher import TeacherClient, TeacherFailed
+from rlinf_search.retrieval.launch import wait_for_address_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "sk-test-never-logged-123"
+
+
+def start_teacher(model_dir: Path, folder: Path) -> tuple[subprocess.Popen, str]:
+    address_file = folder / "teacher.addr"
+    log = open(folder / "teacher.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "rlinf_search.serve", "--model", str(model_dir), "--port", "0",
+                                "--served-model-name", "teacher", "--save-address-to", str(address_file)],
+                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return process, wait_for_address_file(address_file, 120)
+    except Exception:
+        process.kill()
+        raise
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_model_dir, tmp_path_factory):
+    process, address = start_teacher(tiny_model_dir, tmp_path_factory.mktemp("teacher"))
+    yield address
+    process.kill()
+    process.wait()
+
+
+def _client(address: str, *, temperature: float, **overrides) -> TeacherClient:
+    settings = {"base_url": f"http://{address}/v1", "model": "teacher", "deadline_s": 20.0, "timeout_s": 10.0,
+                **overrides}
+    return TeacherClient(TeacherConfig(**settings), temperature=temperature)
+
+
+def _reference(model_dir: Path, ids: list[int], temperature: float) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+async def _score(address: str, prompt, *, temperature: float = 0.7, **overrides):
+    client = _client(address, temperature=temperature, **overrides)
+    try:
+        return await client.score(prompt)
+    finally:
+        await client.aclose()
+
+
+def test_ids_come_back_with_the_models_logprobs_at_the_temperature(teacher, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer("Which city is the capital of France? <search>capital France</search>",
+                    add_special_tokens=False)["input_ids"]
+    tokens = asyncio.run(_score(teacher, ids))
+    assert tokens.logprobs[0] is None and len(tokens.logprobs) == len(ids)
+    assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 0.7), abs=1e-5)
+    aligned = from_shared_ids(tokens.logprobs, prompt_length=4, response_mask=[1] * (len(ids) - 4))
+    assert aligned.unaligned == 0 and aligned.values == pytest.approx(tokens.logprobs[4:])
+
+
+def test_text_comes_back_with_offsets_that_align_to_the_same_tokens(teacher, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt_text, response_ids = "Question: who wrote it?", tokenizer(" <answer>Dom Krath</answer>",
+                                                                     add_special_tokens=False)["input_ids"]
+    response_text = tokenizer.decode(response_ids)
+    tokens = asyncio.run(_score(teacher, prompt_text + response_text))
+    by_ids = asyncio.run(_score(teacher, tokenizer(prompt_text, add_special_tokens=False)["input_ids"] + response_ids))
+    aligned = from_text_offsets(tokens.logprobs, tokens.offsets, text_length=len(prompt_text + response_text),
+                                response_start=len(prompt_text), extents=char_extents(tokenizer.decode, response_ids),
+                                response_mask=[1] * len(response_ids))
+    # The same tokenizer on both sides: a token the text tokenization also starts at its boundaries gets
+    # exactly the id path's value; where the text tokenizes differently, the token is counted unaligned.
+    assert aligned.unaligned < len(response_ids)
+    prompt_length = len(by_ids.logprobs) - len(response_ids)
+    for k, (value, scored) in enumerate(zip(aligned.values, aligned.scored)):
+        if scored:
+            assert value == pytest.approx(by_ids.logprobs[prompt_length + k], abs=1e-5)
+
+
+def test_bad_requests_get_one_line_4xx_and_the_server_keeps_serving(teacher):
+    url = f"http://{teacher}/v1/completions"
+    wrong_model = httpx.post(url, json={"model": "other", "prompt": "hi", "max_tokens": 0})
+    assert wrong_model.status_code == 404 and "is not served here" in wrong_model.json()["error"]["message"]
+    out_of_vocab = httpx.post(url, json={"model": "teacher", "prompt": [1, 10**9], "max_tokens": 0})
+    assert out_of_vocab.status_code == 400 and "outside the vocabulary" in out_of_vocab.json()["error"]["message"]
+    not_json = httpx.post(url, content=b"{", headers={"content-type": "application/json"})
+    assert not_json.status_code == 400
+    ok = httpx.post(url, json={"model": "teacher", "prompt": "hello there", "max_tokens": 2, "temperature": 0})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+    assert httpx.get(f"http://{teacher}/v1/models").json()["data"][0]["id"] == "teacher"
+
+
+def test_a_refusal_is_a_teacher_failure_without_retries(teacher):
+    with pytest.raises(TeacherFailed, match=r"rejected the request \(HTTP 404: model 'nobody'"):
+        asyncio.run(_score(teacher, "hello", model="nobody"))
+
+
+def test_a_teacher_killed_mid_run_fails_its_calls_in_one_line_without_the_key(tiny_model_dir, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setenv("TEACHER_API_KEY", SECRET)
+    process, address = start_teacher(tiny_model_dir, tmp_path)
+    try:
+        assert len(asyncio.run(_score(address, [5, 6, 7])).logprobs) == 3
+    finally:
+        process.kill()
+        process.wait()
+    started = time.monotonic()
+    with pytest.raises(TeacherFailed) as failure:
+        asyncio.run(_score(address, [5, 6, 7], max_retries=1, backoff_base_s=0.05))
+    message = str(failure.value)
+    assert "unreachable after 2 attempts" in message and f"http://{address}/v1/completions" in message
+    assert SECRET not in message and "\n" not in message
+    assert time.monotonic() - started < 10
+    assert os.environ["TEACHER_API_KEY"] == SECRET

