@@ -45,6 +45,9 @@ class TeacherScorer:
     """Owns the teacher client, its event loop thread, and the failure window."""
 
     def __init__(self, config: DistillConfig, *, student_tokenizer, teacher_tokenizer=None):
+        # httpx logs every request at INFO, and the driver's log is at INFO: one line per trajectory per
+        # step would bury the step lines. Failures are reported here, once per step.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         self.config = config
         self.student = student_tokenizer
         self.teacher_tokenizer = teacher_tokenizer
