@@ -36,6 +36,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_p
         teacher.kill()
         teacher.wait()
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "HTTP Request" not in result.stdout + result.stderr, "one log line per teacher request"
     first, second = _metrics(tmp_path / "run")
     # Step 1: the student is the teacher's weights, scored at the same temperature: KL 0 on every token.
     assert first["distill/scored_token_fraction"] == 1.0 and first["distill/failed_trajectories"] == 0
