@@ -91,10 +91,13 @@ def test_the_term_is_minus_coef_times_kl_on_model_tokens():
     mask = torch.tensor([[1, 1, 0, 1]])
     kl = reverse_kl(student, teacher, scored)
     assert kl.tolist() == [[0.5, -1.0, 0.0, 0.0]]
-    term = distill_term(kl, scored, mask, _config(coef=2.0))
+    term = distill_term(kl, scored, mask, _config(coef=2.0, center=False))
     assert term.tolist() == [[-1.0, 2.0, 0.0, 0.0]]
-    clipped = distill_term(kl, scored, mask, _config(coef=2.0, clip=1.5))
+    clipped = distill_term(kl, scored, mask, _config(coef=2.0, clip=1.5, center=False))
     assert clipped.tolist() == [[-1.0, 1.5, 0.0, 0.0]]
+    # Centred: the scored tokens' mean KL (-0.25) is the baseline; unscored tokens stay at 0.
+    centred = distill_term(kl, scored, mask, _config(coef=2.0))
+    assert centred.tolist() == [[-1.5, 1.5, 0.0, 0.0]]
 
 
 def test_discount_sums_the_rest_of_the_turn_only():
@@ -103,7 +106,7 @@ def test_discount_sums_the_rest_of_the_turn_only():
     assert turn_ids(mask).tolist() == [[1, 1, 1, 2]]
     kl = torch.tensor([[1.0, 2.0, 0.0, 4.0]])
     scored = mask.bool()
-    term = distill_term(kl, scored, mask, _config(discount=0.5))
+    term = distill_term(kl, scored, mask, _config(discount=0.5, center=False))
     # token 0: 1 + 0.5 * 2 = 2; token 1: 2 (the observation adds nothing, turn 2 is not summed); token 3: 4
     assert term.tolist() == [[-2.0, -2.0, 0.0, -4.0]]
 

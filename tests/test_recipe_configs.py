@@ -144,5 +144,5 @@ def test_distill_recipes_validate_with_their_teacher(data_file, name, teacher_mo
         validate_cfg(compose_recipe(name, overrides + ["algorithm.sampling_params.temperature=0.7"]))
     with pytest.raises(ConfigError, match="algorithm.distill.mode: unknown 'both'"):
         validate_cfg(compose_recipe(name, overrides + ["algorithm.distill.mode=both"]))
-    with pytest.raises(ConfigError, match="algorithm.distill.clip: read only with algorithm.distill.enable: true"):
+    with pytest.raises(ConfigError, match="algorithm.distill.center: read only with algorithm.distill.enable: true"):
         validate_cfg(compose_recipe(name, overrides + ["algorithm.distill.enable=false"]))

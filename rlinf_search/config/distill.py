@@ -31,6 +31,7 @@ def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
             teacher=TeacherConfig.from_dict(teacher),
             mode=get(raw, "algorithm.distill.mode", DistillConfig.mode),
             coef=get_float(raw, "algorithm.distill.coef", DistillConfig.coef),
+            center=get_bool(raw, "algorithm.distill.center", DistillConfig.center),
             discount=get_float(raw, "algorithm.distill.discount", DistillConfig.discount),
             clip=get_float(raw, "algorithm.distill.clip", DistillConfig.clip),
             max_failed_fraction=get_float(raw, "algorithm.distill.max_failed_fraction",

@@ -34,7 +34,7 @@ SCHEMA: dict[str, Any] = {
                   "mismatch_correction": None, "value_clip": None, "logprob_forward_micro_batch_size": None,
                   "sampling_params": {"do_sample": None, "temperature": None, "top_k": None, "top_p": None,
                                       "max_new_tokens": None},
-                  "distill": {"enable": None, "mode": None, "coef": None, "discount": None, "clip": None,
+                  "distill": {"enable": None, "mode": None, "coef": None, "center": None, "discount": None, "clip": None,
                               "max_failed_fraction": None, "failure_window_steps": None,
                               "teacher": "*"}},  # checked by TeacherConfig.from_dict
     "agentloop": {"max_turns": None, "max_tool_response_length": None, "max_passage_tokens": None,

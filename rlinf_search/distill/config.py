@@ -80,6 +80,8 @@ class DistillConfig:
     discount: float = 0.0
     """Each token's term also sums the following tokens' KL of the same turn, discounted by this (0:
     the token's own KL only; 1: the rest of the turn)."""
+    center: bool = True
+    """Subtract the batch's mean KL per scored model token before the term is formed (a baseline)."""
     clip: float | None = None
     """Clip each token's term to ``[-clip, clip]``; None: no clip."""
     max_failed_fraction: float = 0.5

@@ -31,6 +31,10 @@ def distill_term(kl: torch.Tensor, scored: torch.Tensor, response_mask: torch.Te
                  config: DistillConfig) -> torch.Tensor:
     """``[B, T]`` the advantage term on model tokens (0 elsewhere)."""
     kl = torch.where(scored, kl, torch.zeros_like(kl))
+    if config.center and bool(scored.any()):
+        # A baseline: the batch's mean KL per scored token. It leaves the expected gradient as it is (on the
+        # student's own samples E[grad log p] = 0) and stops nearly every token getting a negative advantage.
+        kl = torch.where(scored, kl - kl[scored].mean(), kl)
     if config.discount > 0:
         turns = turn_ids(response_mask)
         summed = torch.zeros_like(kl)
