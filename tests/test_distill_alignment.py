@@ -119,9 +119,19 @@ def test_add_and_only_modes():
     assert combine(advantages, term, mask, _config(mode="only")).tolist() == [[-0.5, 0.25, 0.0]]
 
 
+def test_coef_zero_measures_and_leaves_grpo_as_it_is():
+    advantages = torch.tensor([[0.7, -0.3, 0.0, 1.1]])
+    kl = torch.tensor([[2.0, -1.0, 0.0, 0.5]])
+    mask = torch.tensor([[1, 1, 0, 1]])
+    config = _config(coef=0.0, clip=5.0)
+    term = distill_term(kl, mask.bool(), mask, config)
+    assert torch.equal(combine(advantages, term, mask, config), advantages)
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"mode": "sum"}, "algorithm.distill.mode: unknown 'sum'"),
-    ({"coef": 0.0}, "algorithm.distill.coef must be > 0"),
+    ({"coef": -0.5}, "algorithm.distill.coef must be >= 0"),
+    ({"coef": 0.0, "mode": "only"}, "would train on nothing"),
     ({"discount": 1.5}, "algorithm.distill.discount must be in"),
     ({"clip": -1.0}, "algorithm.distill.clip must be > 0"),
 ])

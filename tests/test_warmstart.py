@@ -146,3 +146,24 @@ def test_only_the_mix_stage_decides_how_often_to_search(synth_records, tiny_mode
     mean = sum(chances) / len(chances)
     assert 0.25 < mean < 0.55 and max(chances) < 0.65, (mean, max(chances))
     assert sum(c > 0.5 for c in chances) <= len(chances) // 10, "greedy guesses on (nearly) every prompt"
+
+
+def test_the_corpus_stage_trains_on_passages_alone(synth_records, tiny_model_dir):
+    """``--corpus-steps``: language modelling on the observations, never on a model turn (the distillation
+    benchmark's student reads the corpus but must not learn the task from its warm start)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    traj = _scripted(synth_records[0], tokenizer, PromptTokenizer(tokenizer), search=True)
+    start, end = len(traj.prompt_ids), len(traj.prompt_ids) + len(traj.response_ids)
+    mask = torch.tensor(traj.response_mask, dtype=torch.bool)
+    _, _, corpus = _batch([traj], tokenizer.pad_token_id, train_on_observations=True, trains_model_turns=False)
+    _, _, reading = _batch([traj], tokenizer.pad_token_id, train_on_observations=True)
+    _, _, skill = _batch([traj], tokenizer.pad_token_id)
+    trained = lambda labels: (labels[0, start:end] != -100)  # noqa: E731
+    assert trained(corpus).tolist() == (~mask).tolist() and bool(trained(corpus).any())
+    assert trained(reading).all() and trained(skill).tolist() == mask.tolist()
+    assert (corpus[0, :start] == -100).all(), "the prompt is never trained on"

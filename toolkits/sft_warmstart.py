@@ -57,6 +57,10 @@ class SFTStage:
     1, and whether the short mix stage then pulled it under one half (greedy guesses) or not (greedy
     searches) was decided by rounding noise, so the warm start's EM swung between machines (issue 12).
     With the earlier stages blind to it, the mix stage sets that chance to its share of searches."""
+    trains_model_turns: bool = True
+    """Train on the model's turns. False with ``train_on_observations``: language modelling on the retrieved
+    passages alone, the stand-in for a pretrained LM that has read the corpus but never seen the task
+    (the distillation benchmark's student, which must not learn the skill from the warm start)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ def decision_position(tokenizer) -> int:
 
 
 def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
-           untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           trains_model_turns: bool = True, untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Padded ids, attention and labels; ``untrained_position``: a response position left out of the loss."""
     sequences = [t.prompt_ids + t.response_ids for t in trajectories]
     width = max(len(s) for s in sequences)
@@ -106,7 +110,8 @@ def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations
     for row, (traj, seq) in enumerate(zip(trajectories, sequences)):
         ids[row, : len(seq)] = torch.tensor(seq)
         attention[row, : len(seq)] = 1
-        trained = torch.tensor(traj.response_mask, dtype=torch.bool) | train_on_observations
+        model_turn = torch.tensor(traj.response_mask, dtype=torch.bool)
+        trained = (model_turn & trains_model_turns) | (~model_turn & train_on_observations)
         if untrained_position is not None and untrained_position < len(trained):
             trained[untrained_position] = False
         response = torch.tensor(traj.response_ids)
@@ -137,6 +142,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig) -> li
         for _ in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
             batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
             ids, attention, labels = _batch(batch, pad_id, train_on_observations=stage.train_on_observations,
+                                            trains_model_turns=stage.trains_model_turns,
                                             untrained_position=None if stage.trains_decision else decision)
             loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
             optimizer.zero_grad()
@@ -205,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="mixed-behaviour trajectories per training question")
     parser.add_argument("--search-share", type=float, default=BehaviourMix.search)
     parser.add_argument("--bad-query-share", type=float, default=BehaviourMix.bad_query)
+    parser.add_argument("--corpus-steps", type=int, default=0,
+                        help="first of all, steps of language modelling on the retrieved passages alone (no model "
+                             "turn): a model that has read the corpus but not learned the task")
     parser.add_argument("--reading-steps", type=int, default=300,
                         help="first, steps of language modelling on good trajectories, passages included")
     parser.add_argument("--skill-steps", type=int, default=400,
@@ -246,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"collected {len(good) + len(mixed)} scripted trajectories in {time.monotonic() - started:.1f} s")
     early = args.decision_in_every_stage
-    stages = [SFTStage("reading", good, args.reading_steps, train_on_observations=True, trains_decision=early),
+    stages = [SFTStage("corpus", good, args.corpus_steps, train_on_observations=True, trains_model_turns=False,
+                       trains_decision=False),
+              SFTStage("reading", good, args.reading_steps, train_on_observations=True, trains_decision=early),
               SFTStage("skill", good, args.skill_steps, trains_decision=early), SFTStage("mix", mixed, args.mix_steps)]
     config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed, final_stage_decay=args.final_lr_decay)
     probe = random.Random(args.seed).sample(records, min(200, len(records)))

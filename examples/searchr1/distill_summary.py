@@ -41,6 +41,13 @@ def window_mean(values: list[float], size: int = 5) -> list[float]:
             for i in range(len(values))]
 
 
+def first_and_last(values: list[float], size: int = 5) -> tuple[float, float] | None:
+    """Means of the first and the last ``size`` values; None for a run that did not log them."""
+    if not values:
+        return None
+    return sum(values[:size]) / len(values[:size]), sum(values[-size:]) / len(values[-size:])
+
+
 def plot(metrics: dict[str, list[dict]], out: Path) -> Path:
     import matplotlib
 
@@ -48,11 +55,12 @@ def plot(metrics: dict[str, list[dict]], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    steps, kl = curve(metrics["distill"], "distill/reverse_kl")
-    axes[0].plot(steps, kl, color="#cc6600", alpha=0.35)
-    axes[0].plot(steps, window_mean(kl), color="#cc6600", label="GRPO + distillation")
     axes[0].set_title("student's reverse KL to the teacher\n(per model token, 5-step mean)")
     for name, color in zip(RUNS, ("#2a7ab9", "#cc6600")):
+        steps, kl = curve(metrics[name], "distill/reverse_kl")
+        if kl:  # the GRPO run logs it when its teacher measures (algorithm.distill.coef 0)
+            axes[0].plot(steps, kl, color=color, alpha=0.3)
+            axes[0].plot(steps, window_mean(kl), color=color, label=LABELS[name])
         steps, reward = curve(metrics[name], "reward/mean")
         axes[1].plot(steps, window_mean(reward), color=color, label=LABELS[name])
         steps, em = curve(metrics[name], "val/em")
@@ -79,16 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError, ValueError) as exc:
         print(f"distill_summary: {exc}", file=sys.stderr)
         return 1
-    kl = curve(metrics["distill"], "distill/reverse_kl")[1]
-    first, last = sum(kl[:5]) / len(kl[:5]), sum(kl[-5:]) / len(kl[-5:])
-    summary = {"held_out": evals, "reverse_kl_first5": first, "reverse_kl_last5": last, "steps": args.steps}
+    kl_ends = {name: first_and_last(curve(metrics[name], "distill/reverse_kl")[1]) for name in RUNS}
+    summary = {"held_out": evals, "reverse_kl_first5_last5": kl_ends, "steps": args.steps}
     (args.out / "distill_summary.json").write_text(json.dumps(summary, indent=1))
     print(f"{'model':<22}{'EM':>7}{'F1':>7}{'searches':>10}")
     for name, label in (("student", "student (format only)"), ("grpo", LABELS["grpo"]),
                         ("distill", LABELS["distill"]), ("teacher", "teacher")):
         row = evals[name]
         print(f"{label:<22}{row['em']:>7.3f}{row['f1']:>7.3f}{row['searches']:>10.2f}")
-    print(f"reverse KL to the teacher (5-step means): {first:.3f} -> {last:.3f}; plot: {plot(metrics, args.out)}")
+    for name in RUNS:
+        if kl_ends[name] is not None:
+            first, last = kl_ends[name]
+            print(f"{LABELS[name]}: reverse KL to the teacher, first 5 -> last 5 steps: {first:.3f} -> {last:.3f}")
+    print(f"plot: {plot(metrics, args.out)}")
     print(f"held-out EM after {args.steps} steps: GRPO {evals['grpo']['em']:.3f}, "
           f"GRPO + distillation {evals['distill']['em']:.3f}")
     return 0

@@ -76,7 +76,9 @@ class DistillConfig:
     mode: str = "add"
     """``add``: the term is added to the GRPO advantage; ``only``: it replaces it."""
     coef: float = 1.0
-    """Weight of the term ``-coef * KL``, where KL is ``log p_student - log p_teacher`` on a model token."""
+    """Weight of the term ``-coef * KL``, where KL is ``log p_student - log p_teacher`` on a model token.
+    0 (with ``mode: add``): the teacher only measures the KL, and the run trains on GRPO alone; the
+    baseline of a comparison then logs the same ``distill/*`` curves as the distilled run."""
     discount: float = 0.0
     """Each token's term also sums the following tokens' KL of the same turn, discounted by this (0:
     the token's own KL only; 1: the rest of the turn)."""
@@ -95,8 +97,11 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if self.mode not in DISTILL_MODES:
             raise ValueError(f"algorithm.distill.mode: unknown {self.mode!r}; choose one of {', '.join(DISTILL_MODES)}")
-        if self.coef <= 0:
-            raise ValueError(f"algorithm.distill.coef must be > 0, got {self.coef}")
+        if self.coef < 0:
+            raise ValueError(f"algorithm.distill.coef must be >= 0, got {self.coef}")
+        if self.coef == 0 and self.mode == "only":
+            raise ValueError("algorithm.distill.coef 0 with mode 'only' would train on nothing; "
+                             "use mode 'add' to measure the KL alongside GRPO")
         if not 0 <= self.discount <= 1:
             raise ValueError(f"algorithm.distill.discount must be in [0, 1], got {self.discount}")
         if self.clip is not None and self.clip <= 0:
