@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.data.io_struct import SamplingParams, Trajectory
 from rlinf_search.data.prepare import load_records
-from rlinf_search.tools.search import SearchToolConfig, build_search_tool
-from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine
+from rlinf_search.runners.eval_runner import rollouts
+from rlinf_search.tools.search import SearchToolConfig
 
 ROLES = ("query", "answer", "other")
 
@@ -77,23 +77,12 @@ def exact_reverse_kl(student, teacher, trajectory: Trajectory) -> list[float]:
     return [float(v) if m else 0.0 for v, m in zip(kl, trajectory.response_mask)]
 
 
-async def sample(student_path: str, records, tool_config: SearchToolConfig, loop_config: AgentLoopConfig,
-                 seed: int) -> tuple[list[Trajectory], object]:
-    engine = HFGenerationEngine(HFEngineConfig(student_path, seed=seed))
-    tool = build_search_tool(tool_config)
-    try:
-        loop = SearchR1AgentLoop(engine, tool, engine.tokenizer, loop_config)
-        return await loop.run_batch(records, seed=seed), engine.tokenizer
-    finally:
-        await tool.aclose()
-        await engine.aclose()
-
-
 def probe(student_path: str, teacher_path: str, records, tool_config: SearchToolConfig,
           loop_config: AgentLoopConfig, *, seed: int = 0) -> ProbeResult:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    trajectories, tokenizer = asyncio.run(sample(student_path, records, tool_config, loop_config, seed))
+    trajectories = asyncio.run(rollouts(student_path, records, tool_config, loop_config, seed=seed))
+    tokenizer = AutoTokenizer.from_pretrained(student_path)
     student = AutoModelForCausalLM.from_pretrained(student_path, dtype=torch.float32).eval()
     teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=torch.float32).eval()
     result = ProbeResult()

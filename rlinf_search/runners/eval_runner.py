@@ -71,17 +71,23 @@ def format_table(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
-async def evaluate(model_path: str, records: list[QARecord], tool_config: SearchToolConfig,
-                   loop_config: AgentLoopConfig) -> tuple[EvalReport, dict[str, float]]:
-    """Greedy rollouts of every record against the search tool; (report, rollout metrics)."""
+async def rollouts(model_path: str, records: list[QARecord], tool_config: SearchToolConfig,
+                   loop_config: AgentLoopConfig, *, seed: int | None = None) -> list[Trajectory]:
+    """One rollout of every record by a checkpoint on the HF engine, against the search tool, sampling
+    as ``loop_config`` says (``seed``: trajectory i's turns sample with seeds derived from it)."""
     engine = HFGenerationEngine(HFEngineConfig(model_path))
     tool = build_search_tool(tool_config)
     try:
-        loop = SearchR1AgentLoop(engine, tool, engine.tokenizer, loop_config)
-        trajectories = await loop.run_batch(records)
+        return await SearchR1AgentLoop(engine, tool, engine.tokenizer, loop_config).run_batch(records, seed=seed)
     finally:
         await tool.aclose()
         await engine.aclose()
+
+
+async def evaluate(model_path: str, records: list[QARecord], tool_config: SearchToolConfig,
+                   loop_config: AgentLoopConfig) -> tuple[EvalReport, dict[str, float]]:
+    """Greedy rollouts of every record against the search tool; (report, rollout metrics)."""
+    trajectories = await rollouts(model_path, records, tool_config, loop_config)
     return score_trajectories(records, trajectories), rollout_metrics(trajectories)
 
 
