@@ -134,10 +134,26 @@ def test_coef_zero_measures_and_leaves_grpo_as_it_is():
     ({"coef": 0.0, "mode": "only"}, "would train on nothing"),
     ({"discount": 1.5}, "algorithm.distill.discount must be in"),
     ({"clip": -1.0}, "algorithm.distill.clip must be > 0"),
+    ({"top_k": 21}, r"algorithm.distill.top_k must be in \[0, 20\]"),
+    ({"top_k": 4, "top_k_coef": 0.0}, "algorithm.distill.top_k_coef must be > 0"),
 ])
 def test_bad_settings_name_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
         _config(**overrides)
+
+
+def test_top_k_needs_a_shared_tokenizer_and_may_train_alone():
+    with pytest.raises(ValueError, match="top_k needs a teacher that shares the student's tokenizer"):
+        DistillConfig(teacher=TeacherConfig(model="t", tokenizer="Qwen/Qwen3-30B-A3B"), top_k=4)
+    assert _config(coef=0.0, mode="only", top_k=4).top_k == 4  # the top-k KL is then the whole signal
+
+
+def test_shared_tokenizer_carries_the_teachers_top_k_on_scored_tokens():
+    teacher = [None, -0.1, -0.2, -0.3, -0.4]
+    top = [[], [(5, -0.1)], [(6, -0.2), (9, -2.0)], [(7, -0.3)], []]  # the server gave no top for the last
+    aligned = from_shared_ids(teacher, prompt_length=2, response_mask=[1, 0, 1], top=top)
+    assert aligned.scored == [True, False, False] and aligned.unaligned == 1
+    assert aligned.top == [[(6, -0.2), (9, -2.0)], [], []]
 
 
 def test_teacher_settings_name_the_key():

@@ -30,6 +30,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_p
     teacher, address = start_teacher(tiny_model_dir, tmp_path)
     try:
         cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, f"http://{address}/v1")
+        OmegaConf.update(cfg, "algorithm.distill.top_k", 5)  # and the teacher's top 5 as a dense target
         assert validate_cfg(cfg).distill.temperature == 1.0
         result = _run(cfg, tmp_path)
     finally:
@@ -42,6 +43,8 @@ def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_p
     assert first["distill/scored_token_fraction"] == 1.0 and first["distill/failed_trajectories"] == 0
     assert abs(first["distill/reverse_kl"]) < 1e-4, first["distill/reverse_kl"]
     assert first["distill/teacher_logprob_mean"] < 0 and first["distill/teacher_latency_s"] > 0
+    # The top-5 KL of a student to itself is -log(its top-5 mass): above 0, and small on a peaked model.
+    assert 0 < first["actor/teacher_top_k_kl"] < 5, first["actor/teacher_top_k_kl"]
     # Step 2: the student has moved by one update, the teacher has not.
     assert second["distill/scored_token_fraction"] == 1.0 and abs(second["distill/reverse_kl"]) > 1e-6
 

@@ -156,7 +156,7 @@ def test_packed_and_padded_logprobs_agree(tiny_model_dir):
         results = {}
         for packed in (True, False):
             layout = layout_batch(batch, packed=packed)
-            flat, entropy = trainer.scorer(layout)
+            flat, entropy, _ = trainer.scorer(layout)
             results[packed] = (layout.to_rows(flat), layout.to_rows(entropy))
     assert layout_batch(batch, packed=True).input_ids.shape[1] == int(batch.attention_mask.sum()), "no padding"
     torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=0)
@@ -171,7 +171,7 @@ def test_chunked_logprobs_and_gradients_match_whole_logits(tiny_model_dir):
     for chunk in (7, 100_000):
         scorer = TokenScorer(trainer.model, chunk_tokens=chunk)
         trainer.model.zero_grad()
-        logprobs, entropy = scorer(layout, entropy_grad=True)
+        logprobs, entropy, _ = scorer(layout, entropy_grad=True)
         (logprobs.sum() + 0.1 * entropy.sum()).backward()
         grads[chunk] = (logprobs.detach(), entropy.detach(),
                         {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
@@ -183,7 +183,7 @@ def test_chunked_logprobs_and_gradients_match_whole_logits(tiny_model_dir):
         whole = grads[100_000][2][name]
         torch.testing.assert_close(grad, whole, atol=1e-5 + 1e-6 * float(whole.abs().max()), rtol=1e-4)
     # No entropy gradient when its coefficient is 0: the entropy comes back detached.
-    _, entropy = TokenScorer(trainer.model)(layout, entropy_grad=False)
+    entropy = TokenScorer(trainer.model)(layout, entropy_grad=False).entropy
     assert not entropy.requires_grad
 
 

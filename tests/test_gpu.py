@@ -52,7 +52,7 @@ def test_packed_rows_match_padded_rows_on_cuda(tiny_model_dir, kernel):
     with torch.no_grad():
         for packed in (True, False):
             layout = to_device(layout_batch(batch, packed=packed), torch.device("cuda"))
-            flat, _ = scorer(layout)
+            flat = scorer(layout).logprobs
             results[packed] = layout.to_rows(flat).float().cpu()
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(results[True], results[False], atol=tolerance, rtol=0)

@@ -60,10 +60,10 @@ def _reference(model_dir: Path, ids: list[int], temperature: float) -> list[floa
     return logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
 
 
-async def _score(address: str, prompt, *, temperature: float = 0.7, **overrides):
+async def _score(address: str, prompt, *, temperature: float = 0.7, top_k: int = 0, **overrides):
     client = _client(address, temperature=temperature, **overrides)
     try:
-        return await client.score(prompt)
+        return await client.score(prompt, top_k=top_k)
     finally:
         await client.aclose()
 
@@ -79,6 +79,30 @@ def test_ids_come_back_with_the_models_logprobs_at_the_temperature(teacher, tiny
     assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 0.7), abs=1e-5)
     aligned = from_shared_ids(tokens.logprobs, prompt_length=4, response_mask=[1] * (len(ids) - 4))
     assert aligned.unaligned == 0 and aligned.values == pytest.approx(tokens.logprobs[4:])
+
+
+def test_top_k_comes_back_as_the_models_most_likely_ids(teacher, tiny_model_dir):
+    """``logprobs: k`` with ``return_tokens_as_token_ids``, as vLLM takes it: each position's k most likely
+    ids and log-probs, equal to the model's own, and aligned onto the response tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer("Who wrote it? <answer>Dom Krath</answer>", add_special_tokens=False)["input_ids"]
+    tokens = asyncio.run(_score(teacher, ids, top_k=3))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float() / 0.7, dim=-1)
+    values, indices = logprobs.topk(3, dim=-1)
+    assert tokens.top[0] == [] and len(tokens.top) == len(ids)
+    for position, entries in enumerate(tokens.top[1:]):
+        assert [token for token, _ in entries] == indices[position].tolist()
+        assert [value for _, value in entries] == pytest.approx(values[position].tolist(), abs=1e-5)
+    aligned = from_shared_ids(tokens.logprobs, prompt_length=5, response_mask=[1, 0] + [1] * (len(ids) - 7),
+                              top=tokens.top)
+    assert aligned.top[0] == tokens.top[5] and aligned.top[1] == [] and aligned.top[2] == tokens.top[7]
+    too_many = httpx.post(f"http://{teacher}/v1/completions",
+                          json={"model": "teacher", "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 21})
+    assert too_many.status_code == 400 and "logprobs" in too_many.json()["error"]["message"]
 
 
 def test_text_comes_back_with_offsets_that_align_to_the_same_tokens(teacher, tiny_model_dir):

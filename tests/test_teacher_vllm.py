@@ -88,3 +88,24 @@ def test_vllm_prompt_logprobs_ignore_the_requested_temperature(vllm_teacher, tin
     tokens = asyncio.run(_score(vllm_teacher, ids, temperature=0.7))
     assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 1.0), abs=1e-3)
     assert tokens.logprobs[1:] != pytest.approx(_reference(tiny_model_dir, ids, 0.7), abs=1e-2)
+
+
+def test_vllm_gives_the_top_k_as_ids_with_echo(vllm_teacher, tiny_model_dir):
+    """``algorithm.distill.top_k``: ``logprobs: k`` with ``return_tokens_as_token_ids`` gives each echoed
+    position's k most likely ids, the model's own (the client keeps the k best when vLLM adds the given one)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer("Who wrote it? <answer>Dom Krath</answer>", add_special_tokens=False)["input_ids"]
+    tokens = asyncio.run(_score(vllm_teacher, ids, temperature=1.0, top_k=3))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
+    values, indices = logprobs.topk(3, dim=-1)
+    assert tokens.top[0] == [] and len(tokens.top) == len(ids)
+    for position, entries in enumerate(tokens.top[1:]):
+        assert [value for _, value in entries] == pytest.approx(values[position].tolist(), abs=1e-3)
+        # Near-ties may swap places between two implementations; the set of the top 3 is what counts.
+        assert {token for token, _ in entries} == set(indices[position].tolist()) or \
+            abs(values[position, 1] - values[position, 2]) < 1e-3

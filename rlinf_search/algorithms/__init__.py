@@ -34,6 +34,7 @@ from rlinf_search.algorithms.losses import (
     entropy_bonus_loss,
     entropy_from_logits,
     ppo_policy_loss,
+    top_k_kl,
 )
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "masked_sum",
     "masked_whiten",
     "ppo_policy_loss",
+    "top_k_kl",
     "register_advantage",
     "register_kl",
     "truncated_is_weights",

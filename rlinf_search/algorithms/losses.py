@@ -117,6 +117,21 @@ def entropy_bonus_loss(entropy: torch.Tensor, coef: float, *, response_mask: tor
     return zero_outside(-coef * entropy, response_mask)
 
 
+def top_k_kl(teacher_top: torch.Tensor, student_top: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` KL from the teacher's top-k distribution to the student's, on ``scored`` tokens (0 elsewhere).
+
+    ``teacher_top`` and ``student_top`` are ``[B, T, k]`` log-probs of the same k tokens (the teacher's most
+    likely). The teacher's are renormalised over the k, ``q``; the student's are not, so the value
+    ``sum_j q_j (log q_j - log p_j)`` is >= 0 and falls only as the student moves mass onto those tokens
+    (on-policy distillation with a dense target, as in GKD). Padding entries carry -inf and weigh nothing.
+    """
+    safe_teacher = torch.where(scored.unsqueeze(-1), teacher_top.float(), torch.zeros_like(teacher_top, dtype=torch.float32))
+    q = torch.softmax(safe_teacher, dim=-1)
+    student = torch.where(q > 0, student_top.float(), torch.zeros_like(student_top, dtype=torch.float32))
+    kl = (torch.xlogy(q, q) - q * student).sum(-1)
+    return torch.where(scored, kl, torch.zeros_like(kl))
+
+
 @dataclass
 class ValueLossOutput:
     """The critic's clipped loss per token and what to log about it."""

@@ -23,6 +23,9 @@ def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
         raise ConfigError(f"algorithm.distill: needs algorithm.sampling_params.temperature 1.0 (got {temperature:g}): "
                           "vLLM's echoed prompt log-probs are of the unscaled distribution whatever temperature a "
                           "request asks for, so teacher and student log-probs would be of different distributions")
+    if get(raw, "algorithm.distill.top_k_coef") is not None and not get(raw, "algorithm.distill.top_k",
+                                                                                  DistillConfig.top_k):
+        raise ConfigError("algorithm.distill.top_k_coef: read only with algorithm.distill.top_k > 0")
     teacher = get(raw, "algorithm.distill.teacher", {})
     if not isinstance(teacher, dict):
         raise ConfigError(f"algorithm.distill.teacher: expected a section of keys, got {type(teacher).__name__}")
@@ -34,6 +37,8 @@ def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
             center=get_bool(raw, "algorithm.distill.center", DistillConfig.center),
             discount=get_float(raw, "algorithm.distill.discount", DistillConfig.discount),
             clip=get_float(raw, "algorithm.distill.clip", DistillConfig.clip),
+            top_k=get_int(raw, "algorithm.distill.top_k", DistillConfig.top_k),
+            top_k_coef=get_float(raw, "algorithm.distill.top_k_coef", DistillConfig.top_k_coef),
             max_failed_fraction=get_float(raw, "algorithm.distill.max_failed_fraction",
                                           DistillConfig.max_failed_fraction),
             failure_window_steps=get_int(raw, "algorithm.distill.failure_window_steps",

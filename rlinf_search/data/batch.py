@@ -43,6 +43,14 @@ class RolloutBatch:
     (GAE's baseline and the anchor of the clipped value loss); read only on model tokens."""
     returns: torch.Tensor | None = None
     """[B, T] the critic's regression target (GAE: advantages before whitening + values; 0 on observation tokens)."""
+    teacher_top_ids: torch.Tensor | None = None
+    """[B, T, k] the distillation teacher's ``k`` most likely tokens at each response position
+    (``algorithm.distill.top_k``; 0-padded)."""
+    teacher_top_logprobs: torch.Tensor | None = None
+    """[B, T, k] the teacher's log-probs of ``teacher_top_ids`` at the rollout temperature (-inf on padding)."""
+    teacher_top_weight: torch.Tensor | None = None
+    """[B, T] weight of the actor's KL to the teacher's top-k on each token (``top_k_coef`` where the teacher
+    scored a model token, 0 elsewhere)."""
     extra: dict = field(default_factory=dict)
     """Per-row values that are not tensors the trainer needs (data sources, searches), for metrics."""
 
@@ -71,7 +79,7 @@ class RolloutBatch:
             if isinstance(value, torch.Tensor):
                 if value.dim() == 2 and value.shape[1] == self.input_ids.shape[1]:
                     return value[index, start:stop]
-                if value.dim() == 2:
+                if value.dim() in (2, 3):
                     return value[index, :width]
                 return value[index]
             if isinstance(value, list):

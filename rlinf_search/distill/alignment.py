@@ -27,18 +27,26 @@ class AlignedLogprobs:
     unaligned: int
     """Model tokens left without a value because the two tokenizations do not share their boundaries
     (or the server gave none)."""
+    top: list[list[tuple[int, float]]] | None = None
+    """Per response token, the teacher's most likely (id, log-prob) at its position where ``scored`` (else
+    empty); None when ``algorithm.distill.top_k`` is 0. Shared tokenizer only."""
 
 
-def from_shared_ids(teacher: list[float | None], *, prompt_length: int, response_mask: list[int]) -> AlignedLogprobs:
-    """Response token ``k`` takes ``teacher[prompt_length + k]`` (the teacher scored the same ids)."""
-    values, scored, unaligned = [], [], 0
+def from_shared_ids(teacher: list[float | None], *, prompt_length: int, response_mask: list[int],
+                    top: list[list[tuple[int, float]]] | None = None) -> AlignedLogprobs:
+    """Response token ``k`` takes ``teacher[prompt_length + k]`` (the teacher scored the same ids), and
+    ``top[prompt_length + k]`` when the teacher's most likely tokens were asked for."""
+    values, scored, unaligned, kept_top = [], [], 0, []
     for k, mask in enumerate(response_mask):
-        value = teacher[prompt_length + k] if prompt_length + k < len(teacher) else None
-        ok = bool(mask) and value is not None
+        at = prompt_length + k
+        value = teacher[at] if at < len(teacher) else None
+        ok = bool(mask) and value is not None and (top is None or (at < len(top) and bool(top[at])))
         unaligned += int(bool(mask) and not ok)
         values.append(float(value) if ok else 0.0)
         scored.append(ok)
-    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned)
+        kept_top.append(list(top[at]) if ok and top is not None else [])
+    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned,
+                           top=kept_top if top is not None else None)
 
 
 def char_extents(decode, ids: list[int]) -> list[tuple[int, int] | None]:

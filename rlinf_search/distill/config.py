@@ -9,6 +9,8 @@ from rlinf_search.net.retry import RetryPolicy
 from rlinf_search.typed_section import section_to
 
 DISTILL_MODES = ("add", "only")
+MAX_TOP_K = 20
+"""vLLM serves at most ``--max-logprobs`` (default 20) log-probs per position."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,14 @@ class DistillConfig:
     """Subtract the batch's mean KL per scored model token before the term is formed (a baseline)."""
     clip: float | None = None
     """Clip each token's term to ``[-clip, clip]``; None: no clip."""
+    top_k: int = 0
+    """0: the sampled-token term only. k > 0: the teacher also sends its k most likely tokens at every
+    model token (``logprobs: k``, ids as vLLM's ``return_tokens_as_token_ids`` gives them), and the actor
+    adds ``top_k_coef * KL(teacher top-k || student)`` to each token's loss: a dense target that teaches the
+    teacher's choice even where the student never samples it. Needs a teacher that shares the student's
+    tokenizer; 20 at most (vLLM's default ``--max-logprobs``)."""
+    top_k_coef: float = 1.0
+    """Weight of the top-k KL in the actor's loss (read only with ``top_k`` > 0)."""
     max_failed_fraction: float = 0.5
     """The run stops, with one line, when more than this share of the trajectories of the last
     ``failure_window_steps`` steps got no teacher signal (a teacher that is down for good)."""
@@ -99,9 +109,16 @@ class DistillConfig:
             raise ValueError(f"algorithm.distill.mode: unknown {self.mode!r}; choose one of {', '.join(DISTILL_MODES)}")
         if self.coef < 0:
             raise ValueError(f"algorithm.distill.coef must be >= 0, got {self.coef}")
-        if self.coef == 0 and self.mode == "only":
+        if self.coef == 0 and self.mode == "only" and self.top_k == 0:
             raise ValueError("algorithm.distill.coef 0 with mode 'only' would train on nothing; "
-                             "use mode 'add' to measure the KL alongside GRPO")
+                             "use mode 'add' to measure the KL alongside GRPO, or set top_k")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"algorithm.distill.top_k must be in [0, {MAX_TOP_K}], got {self.top_k}")
+        if self.top_k and self.top_k_coef <= 0:
+            raise ValueError(f"algorithm.distill.top_k_coef must be > 0 with top_k set, got {self.top_k_coef}")
+        if self.top_k and self.teacher.tokenizer is not None:
+            raise ValueError("algorithm.distill.top_k needs a teacher that shares the student's tokenizer "
+                             "(teacher.tokenizer: null): its top tokens are ids of its own vocabulary")
         if not 0 <= self.discount <= 1:
             raise ValueError(f"algorithm.distill.discount must be in [0, 1], got {self.discount}")
         if self.clip is not None and self.clip <= 0:

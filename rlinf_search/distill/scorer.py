@@ -71,9 +71,10 @@ class TeacherScorer:
         started = loop.time()
         try:
             if self.teacher_tokenizer is None:  # same vocabulary: score the sampled ids as they are
-                answer = await self._client.score(list(trajectory.prompt_ids) + list(trajectory.response_ids))
+                answer = await self._client.score(list(trajectory.prompt_ids) + list(trajectory.response_ids),
+                                                  top_k=self.config.top_k)
                 aligned = from_shared_ids(answer.logprobs, prompt_length=len(trajectory.prompt_ids),
-                                          response_mask=trajectory.response_mask)
+                                          response_mask=trajectory.response_mask, top=answer.top)
             else:
                 prompt = self._teacher_prompt(record)
                 response = self.student.decode(trajectory.response_ids)
@@ -108,6 +109,10 @@ class TeacherScorer:
         kl = reverse_kl(batch.old_logprobs.float(), teacher, scored)
         term = distill_term(kl, scored, batch.response_mask, self.config)
         batch.advantages = combine(batch.advantages, term, batch.response_mask, self.config)
+        if self.config.top_k:
+            batch.teacher_top_ids, batch.teacher_top_logprobs = top_k_tensors(
+                [aligned.top if aligned is not None else None for aligned, _, _ in answers], shape, self.config.top_k)
+            batch.teacher_top_weight = torch.where(scored, self.config.top_k_coef, 0.0)
         model_tokens = int(batch.response_mask.sum())
         count = max(int(scored.sum()), 1)
         latencies = [latency for _, latency, _ in answers]
@@ -133,6 +138,20 @@ class TeacherScorer:
         asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def top_k_tensors(tops: list[list[list[tuple[int, float]]] | None], shape: tuple[int, int],
+                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, T, k]`` ids and log-probs of the teacher's most likely tokens per response token. A position
+    with fewer than ``k`` (or none: not scored) is padded with id 0 at log-prob -inf, which weighs nothing."""
+    ids = torch.zeros((*shape, k), dtype=torch.long)
+    logprobs = torch.full((*shape, k), float("-inf"))
+    for row, top in enumerate(tops):
+        for col, entries in enumerate(top or []):
+            if entries:
+                ids[row, col, : len(entries)] = torch.tensor([token for token, _ in entries])
+                logprobs[row, col, : len(entries)] = torch.tensor([value for _, value in entries])
+    return ids, logprobs
 
 
 def open_teacher(config: DistillConfig, *, student_model: str) -> TeacherScorer:

@@ -1,7 +1,9 @@
 """The OpenAI-compatible completions server: ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``.
 
 It speaks the subset a distillation teacher needs, as vLLM and SGLang do: a prompt as text or token
-ids, ``echo`` with ``logprobs`` (each prompt token's log-prob, ``text_offset`` into the text),
+ids, ``echo`` with ``logprobs`` (each prompt token's log-prob, ``text_offset`` into the text; with
+``logprobs: k`` > 0 also each position's ``k`` most likely tokens, keyed by id with vLLM's
+``return_tokens_as_token_ids``),
 ``max_tokens`` (0 scores only), ``temperature``. Bad requests get a one-line 4xx and the server keeps
 serving.
 """
@@ -35,8 +37,11 @@ class CompletionRequest(BaseModel):
     max_tokens: StrictInt = Field(default=16, ge=0)
     temperature: float = Field(default=1.0, ge=0)
     echo: StrictBool = False
-    logprobs: StrictInt | None = Field(default=None, ge=0)
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)  # vLLM's default max_logprobs
     seed: StrictInt | None = None
+    return_tokens_as_token_ids: StrictBool = False
+    """vLLM's extension: ``top_logprobs`` keys are ``token_id:<id>`` instead of token text (text can be
+    ambiguous; ids are what a same-tokenizer client needs)."""
 
 
 def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
@@ -84,12 +89,14 @@ def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
                   "logprobs": None}
         if body.logprobs is not None:
             scored_ids = (ids if body.echo else []) + new
-            logprobs = await loop.run_in_executor(executor, lambda: model.score(
-                ids + new, temperature=body.temperature or 1.0))
-            kept = logprobs if body.echo else logprobs[len(ids):]
-            described = model.describe(scored_ids, kept)
+            logprobs, top = await loop.run_in_executor(executor, lambda: model.score(
+                ids + new, temperature=body.temperature or 1.0, top_k=body.logprobs))
+            start = 0 if body.echo else len(ids)
+            described = model.describe(scored_ids, logprobs[start:])
             choice["logprobs"] = {"tokens": described.tokens, "token_logprobs": described.logprobs,
-                                  "text_offset": described.offsets, "top_logprobs": None}
+                                  "text_offset": described.offsets,
+                                  "top_logprobs": _top_logprobs(model, top[start:], body.return_tokens_as_token_ids)
+                                  if body.logprobs > 0 else None}
         if body.echo:
             choice["text"] = model.tokenizer.decode(ids) + choice["text"]
         return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
@@ -98,3 +105,12 @@ def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
                           "total_tokens": len(ids) + len(new)}}
 
     return app
+
+
+def _top_logprobs(model: CompletionModel, top: list[list[tuple[int, float]] | None],
+                  as_ids: bool) -> list[dict[str, float] | None]:
+    """Per position, ``{token: log-prob}`` of the most likely tokens, keyed by text or ``token_id:<id>``."""
+    def key(token: int) -> str:
+        return f"token_id:{token}" if as_ids else model.tokenizer.decode([token])
+
+    return [None if entries is None else {key(token): value for token, value in entries} for entries in top]

@@ -42,17 +42,23 @@ class CompletionModel:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @torch.no_grad()
-    def score(self, ids: list[int], *, temperature: float) -> list[float | None]:
-        """Log-prob of each of ``ids`` given the ones before it, from ``logits / temperature``."""
+    def score(self, ids: list[int], *, temperature: float, top_k: int = 0) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+        """Log-prob of each of ``ids`` given the ones before it, from ``logits / temperature``; and with
+        ``top_k`` > 0 the ``top_k`` most likely (id, log-prob) at each position (None for the first)."""
         if len(ids) > self.max_length:
             raise ValueError(f"{len(ids)} tokens exceed the model's {self.max_length}")
         if len(ids) < 2:
-            return [None] * len(ids)
+            return [None] * len(ids), [None] * len(ids)
         batch = torch.tensor([ids], device=self.device)
         logits = self.model(input_ids=batch).logits[0, :-1].float()
         logprobs = torch.log_softmax(logits / temperature, dim=-1)
         chosen = logprobs.gather(1, batch[0, 1:, None])[:, 0]
-        return [None] + chosen.tolist()
+        top: list[list[tuple[int, float]] | None] = [None] * len(ids)
+        if top_k > 0:
+            values, indices = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
+            top = [None] + [list(zip(row_ids, row_values)) for row_ids, row_values
+                            in zip(indices.tolist(), values.tolist())]
+        return [None] + chosen.tolist(), top
 
     @torch.no_grad()
     def sample(self, ids: list[int], *, max_tokens: int, temperature: float, seed: int | None) -> list[int]:

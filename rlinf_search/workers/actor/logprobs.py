@@ -48,7 +48,7 @@ def score_rows(scorer: torch.nn.Module, batch: RolloutBatch, *, rank: int, world
         part = batch.select(group) if group else padding_row(batch)
         layout = to_device(layout_batch(part, packed=packed), device)
         with autocast if autocast is not None else contextlib.nullcontext():
-            flat, _ = scorer(layout, temperature=temperature)
+            flat = scorer(layout, temperature=temperature).logprobs
         if group:
             out[torch.tensor(group), : part.response_length] = layout.to_rows(flat.float()).cpu()
     scorer.train(was_training)

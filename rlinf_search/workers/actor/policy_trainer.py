@@ -21,6 +21,7 @@ from rlinf_search.algorithms import (
     aggregate_loss,
     entropy_bonus_loss,
     kl_penalty,
+    top_k_kl,
     masked_mean,
     ppo_policy_loss,
 )
@@ -158,9 +159,8 @@ class PolicyTrainer:
         with self.parallel.autocast(self.device):
             # Entropy is always measured (a collapsing entropy is the first sign of a dying run); it
             # carries a gradient only when it is part of the loss.
-            flat_logprobs, flat_entropy = self.module(layout, temperature=cfg.temperature,
-                                                      entropy_grad=cfg.entropy_bonus > 0)
-        logprobs, entropy = layout.to_rows(flat_logprobs), layout.to_rows(flat_entropy)
+            scored = self.module(layout, temperature=cfg.temperature, entropy_grad=cfg.entropy_bonus > 0)
+        logprobs, entropy = layout.to_rows(scored.logprobs), layout.to_rows(scored.entropy)
         old = micro.old_logprobs.to(self.device)
         policy = ppo_policy_loss(logprobs, old, micro.advantages.to(self.device), response_mask=mask,
                                  clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
@@ -178,6 +178,12 @@ class PolicyTrainer:
         metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
         if cfg.entropy_bonus > 0:
             token_losses = token_losses + entropy_bonus_loss(entropy, cfg.entropy_bonus, response_mask=mask)
+        if scored.candidate_logprobs is not None:  # the distillation teacher's top-k (algorithm.distill.top_k)
+            weight = micro.teacher_top_weight.to(self.device) * mask
+            kl = top_k_kl(micro.teacher_top_logprobs.to(self.device), layout.to_rows(scored.candidate_logprobs),
+                          weight > 0)
+            token_losses = token_losses + weight * kl
+            metrics["actor/teacher_top_k_kl"] = float(masked_mean(kl.detach(), weight > 0))
         loss = aggregate_loss(token_losses, mask, cfg.loss_agg_func, global_token_count=max(work.tokens, 1),
                               num_sequences=max(work.sequences, 1), norm_constant=cfg.norm_constant)
         # Data parallelism averages gradients over ranks; the loss already divides by every rank's tokens.

@@ -18,6 +18,7 @@ Every component scores tokens as the engine sampled them: ``log_softmax(logits /
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -49,10 +50,13 @@ class ScoringLayout:
     """[K] each target's column in the ``[B, T]`` response tensors."""
     shape: tuple[int, int]
     """(B, T) of the micro-batch's response tensors."""
+    candidates: torch.Tensor | None = None
+    """[K, k] further tokens to score at each target's position (the distillation teacher's top-k), or None."""
 
     def to_rows(self, values: torch.Tensor) -> torch.Tensor:
-        """[K] per-target values scattered into a zero ``[B, T]`` tensor (differentiable)."""
-        out = values.new_zeros(self.shape)
+        """[K] (or [K, k]) per-target values scattered into a zero ``[B, T]`` (``[B, T, k]``) tensor
+        (differentiable)."""
+        out = values.new_zeros(self.shape + tuple(values.shape[1:]))
         return out.index_put((self.rows, self.cols), values)
 
 
@@ -63,11 +67,12 @@ def layout_batch(batch: RolloutBatch, *, packed: bool) -> ScoringLayout:
     real_response = attention[:, p: p + t]
     rows, cols = real_response.nonzero(as_tuple=True)
     targets = batch.input_ids[:, p: p + t][rows, cols]
+    candidates = batch.teacher_top_ids[rows, cols] if batch.teacher_top_ids is not None else None
     if not packed:
         width = batch.input_ids.shape[1]
         positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
         return ScoringLayout(batch.input_ids, positions, batch.attention_mask, rows * width + (p - 1) + cols,
-                             targets, rows, cols, (len(batch), t))
+                             targets, rows, cols, (len(batch), t), candidates)
     starts = attention.long().argmax(dim=1)  # first real (prompt) token of each row
     lengths = attention.sum(dim=1)
     offsets = torch.cumsum(lengths, 0) - lengths
@@ -76,11 +81,11 @@ def layout_batch(batch: RolloutBatch, *, packed: bool) -> ScoringLayout:
     prompt_lengths = p - starts
     predictors = offsets[rows] + prompt_lengths[rows] - 1 + cols
     return ScoringLayout(ids.unsqueeze(0), positions.unsqueeze(0), None, predictors, targets, rows, cols,
-                         (len(batch), t))
+                         (len(batch), t), candidates)
 
 
 def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                entropy_grad: bool, candidates: torch.Tensor | None = None):
     logits = head(hidden).float() / temperature
     normaliser = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
@@ -89,26 +94,49 @@ def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tens
         return normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
     if entropy_grad:
-        return logprobs, entropy()
-    with torch.no_grad():
-        return logprobs, entropy()
+        ent = entropy()
+    else:
+        with torch.no_grad():
+            ent = entropy()
+    if candidates is None:
+        return logprobs, ent
+    return logprobs, ent, logits.gather(-1, candidates) - normaliser.unsqueeze(-1)
+
+
+class ScoredTokens(NamedTuple):
+    """What ``TokenScorer`` gives for a layout's targets, in its order (a named tuple: FSDP and DDP find the
+    tensors of a module's output by walking tuples)."""
+
+    logprobs: torch.Tensor
+    """[K] log-prob of each target."""
+    entropy: torch.Tensor
+    """[K] entropy of the distribution each target was drawn from (a gradient only when asked for)."""
+    candidate_logprobs: torch.Tensor | None
+    """[K, k] log-probs of the layout's ``candidates`` at each target's position, or None."""
 
 
 def chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float,
-                     chunk_tokens: int, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropy of ``targets`` from their predicting ``hidden`` states ([K, H]), ``chunk_tokens``
-    at a time; with gradients on, each chunk's logits are recomputed in backward instead of kept."""
-    logprobs, entropies = [], []
+                     chunk_tokens: int, entropy_grad: bool, candidates: torch.Tensor | None = None) -> ScoredTokens:
+    """Log-probs and entropy of ``targets`` (and of ``candidates``, [K, k]) from their predicting ``hidden``
+    states ([K, H]), ``chunk_tokens`` at a time; with gradients on, each chunk's logits are recomputed in
+    backward instead of kept."""
+    parts: list[tuple[torch.Tensor, ...]] = []
     for start in range(0, hidden.shape[0], chunk_tokens):
-        part, wanted = hidden[start: start + chunk_tokens], targets[start: start + chunk_tokens]
+        stop = start + chunk_tokens
+        args = (head, hidden[start:stop], targets[start:stop], temperature, entropy_grad,
+                None if candidates is None else candidates[start:stop])
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(_head_chunk, head, part, wanted, temperature, entropy_grad, use_reentrant=False)
+            parts.append(checkpoint(_head_chunk, *args, use_reentrant=False))
         else:
-            lp, ent = _head_chunk(head, part, wanted, temperature, entropy_grad)
-        logprobs.append(lp)
-        entropies.append(ent)
+            parts.append(_head_chunk(*args))
     empty = hidden.new_zeros(0, dtype=torch.float32)
-    return (torch.cat(logprobs) if logprobs else empty), (torch.cat(entropies) if entropies else empty)
+    logprobs = torch.cat([part[0] for part in parts]) if parts else empty
+    entropy = torch.cat([part[1] for part in parts]) if parts else empty
+    chosen = None
+    if candidates is not None:
+        chosen = torch.cat([part[2] for part in parts]) if parts else hidden.new_zeros((0, candidates.shape[1]),
+                                                                                        dtype=torch.float32)
+    return ScoredTokens(logprobs, entropy, chosen)
 
 
 class TokenScorer(torch.nn.Module):
@@ -126,25 +154,27 @@ class TokenScorer(torch.nn.Module):
         head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
         self._split_head = head is not None and hasattr(lm, "base_model") and lm.base_model is not lm
 
-    def forward(self, layout: ScoringLayout, *, temperature: float = 1.0,
-                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """([K] log-probs, [K] entropy) of the layout's targets, in its order."""
+    def forward(self, layout: ScoringLayout, *, temperature: float = 1.0, entropy_grad: bool = False) -> ScoredTokens:
+        """Log-probs and entropy of the layout's targets (and of its candidates), in its order."""
         device = layout.input_ids.device
+        candidates = None if layout.candidates is None else layout.candidates.to(device)
         kwargs = dict(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask)
         if self._split_head:
             hidden = self.lm.base_model(**kwargs, use_cache=False).last_hidden_state
             picked = hidden.reshape(-1, hidden.shape[-1])[layout.predictors.to(device)]
             return chunked_logprobs(self.lm.get_output_embeddings(), picked, layout.targets.to(device),
-                                    temperature=temperature, chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad)
+                                    temperature=temperature, chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad,
+                                    candidates=candidates)
         logits = self.lm(**kwargs).logits
         picked = logits.reshape(-1, logits.shape[-1])[layout.predictors.to(device)]
         return chunked_logprobs(torch.nn.Identity(), picked, layout.targets.to(device), temperature=temperature,
-                                chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad)
+                                chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad, candidates=candidates)
 
 
 def to_device(layout: ScoringLayout, device: torch.device | str) -> ScoringLayout:
     """The layout's model inputs on ``device`` (index tensors follow when used)."""
     mask = None if layout.attention_mask is None else layout.attention_mask.to(device)
+    candidates = None if layout.candidates is None else layout.candidates.to(device)
     return ScoringLayout(layout.input_ids.to(device), layout.position_ids.to(device), mask,
                          layout.predictors.to(device), layout.targets.to(device), layout.rows.to(device),
-                         layout.cols.to(device), layout.shape)
+                         layout.cols.to(device), layout.shape, candidates)

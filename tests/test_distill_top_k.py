@@ -1,0 +1,122 @@
+"""``algorithm.distill.top_k``: the teacher's k most likely tokens as a dense target. The answer's parsing and
+padding, the KL on a hand-made case, and the actor's update with it: one process, then FSDP2 over 2 gloo
+ranks in bf16 with uneven micro-batches, as the GPU recipe trains."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlinf_search.algorithms import top_k_kl
+from rlinf_search.distill.scorer import top_k_tensors
+from rlinf_search.distill.teacher import _echoed
+from rlinf_search.net.http import FinalBackendError
+from rlinf_search.workers.actor.logprobs import place_rows
+from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
+from tests.fsdp_ranks import train_steps
+from tests.test_fsdp import _config, _spawn, _uneven_batch
+
+K = 4
+
+
+def _answer(top: list | None, length: int) -> dict:
+    return {"choices": [{"logprobs": {"token_logprobs": [None] + [-1.0] * (length - 1), "top_logprobs": top}}]}
+
+
+def test_the_answer_gives_the_k_most_likely_ids_in_order():
+    # vLLM also lists the given token when it is outside the top k: the k best are kept.
+    top = [None, {"token_id:7": -0.5, "token_id:3": -0.2, "token_id:9": -3.0}, {"token_id:4": -0.1}]
+    tokens = _echoed(_answer(top, 3), [1, 2, 3], top_k=2)
+    assert tokens.top == [[], [(3, -0.2), (7, -0.5)], [(4, -0.1)]]
+    with pytest.raises(FinalBackendError, match="keyed by text, not token_id"):
+        _echoed(_answer([None, {"Paris": -0.1}], 2), [1, 2], top_k=2)
+    with pytest.raises(FinalBackendError, match="sent no top_logprobs for every prompt token"):
+        _echoed(_answer(None, 2), [1, 2], top_k=2)
+
+
+def test_short_and_missing_positions_are_padded_to_weigh_nothing():
+    ids, logprobs = top_k_tensors([[[(5, -0.1), (6, -2.0)], []], None], (2, 3), 3)
+    assert ids.shape == logprobs.shape == (2, 3, 3)
+    assert ids[0, 0].tolist() == [5, 6, 0] and logprobs[0, 0, :2].tolist() == pytest.approx([-0.1, -2.0])
+    assert math.isinf(logprobs[0, 0, 2]) and bool(torch.isinf(logprobs[0, 1:]).all()) and bool(torch.isinf(logprobs[1]).all())
+
+
+def test_top_k_kl_on_a_hand_made_case():
+    teacher = torch.log(torch.tensor([[[0.6, 0.2, 0.0], [0.5, 0.5, 0.0]]]))  # -inf where the server gave fewer
+    student = torch.log(torch.tensor([[[0.3, 0.1, 0.2], [0.5, 0.5, 0.0]]]))
+    scored = torch.tensor([[True, False]])
+    kl = top_k_kl(teacher, student, scored)
+    # q = (0.75, 0.25, 0): 0.75 ln(0.75/0.3) + 0.25 ln(0.25/0.1); the unscored token adds nothing.
+    expected = 0.75 * math.log(0.75 / 0.3) + 0.25 * math.log(0.25 / 0.1)
+    assert kl[0, 0].item() == pytest.approx(expected, abs=1e-6) and kl[0, 1].item() == 0.0
+    assert torch.isfinite(top_k_kl(torch.full((1, 1, 2), float("-inf")), student[..., :2], scored[:, :1] & False)).all()
+
+
+def _with_teacher(batch, tokenizer, *, seed: int = 0):
+    """A made-up teacher: k distinct ids per position, one slot left empty on some, one row it failed on."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, width = batch.response_mask.shape
+    base = torch.randint(0, len(tokenizer) - 100, (rows, width, 1), generator=generator)
+    batch.teacher_top_ids = base + torch.arange(K) * 7
+    batch.teacher_top_logprobs = torch.log_softmax(torch.randn(rows, width, K, generator=generator), -1) - 0.3
+    batch.teacher_top_logprobs[:, ::3, -1] = float("-inf")
+    batch.teacher_top_weight = batch.response_mask.float() * 0.5
+    batch.teacher_top_weight[2] = 0.0  # the teacher failed on this trajectory: no target
+    return batch
+
+
+def test_the_actor_moves_toward_the_teachers_top_k(tiny_model_dir):
+    """Advantages 0: the update is the top-k KL alone. The reported KL is the hand computation at the start
+    weights, and after a few steps the KL is lower."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = _with_teacher(_uneven_batch(tokenizer), tokenizer)
+    batch.advantages = torch.zeros_like(batch.advantages)
+    config = _config(tiny_model_dir, training_backend="ddp", n_minibatches=1, max_tokens_per_mbs=None,
+                     optim=replace(_config(tiny_model_dir).optim, lr=1e-2, adam_eps=1e-8, clip_grad=1.0))
+    trainer = PolicyTrainer(config)
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [trainer.compute_logprobs(batch)])
+
+    def kl_now() -> float:
+        from rlinf_search.workers.actor.token_scoring import layout_batch, to_device
+        layout = to_device(layout_batch(batch, packed=trainer.packed), trainer.device)
+        with torch.no_grad():
+            scored = trainer.module(layout)
+        weight = batch.teacher_top_weight * batch.response_mask
+        kl = top_k_kl(batch.teacher_top_logprobs, layout.to_rows(scored.candidate_logprobs), weight > 0)
+        return float(kl[weight > 0].mean())
+
+    start = kl_now()
+    first = trainer.train_on_batch(batch)
+    assert first["actor/teacher_top_k_kl"] == pytest.approx(start, rel=1e-4)
+    for _ in range(4):
+        trainer.train_on_batch(batch)
+    assert kl_now() < 0.8 * start
+
+
+def test_two_fsdp_ranks_in_bf16_match_one_process_with_the_top_k_term(tiny_model_dir, tmp_path):
+    """The GPU recipe's shape: FSDP2 over 2 ranks, bf16 compute, mini-batches cut into different numbers of
+    micro-batches per rank; the teacher's targets travel with the rows each rank trains on."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = _with_teacher(_uneven_batch(tokenizer), tokenizer)
+    config = _config(tiny_model_dir, training_backend="fsdp", dtype="bfloat16")
+    single = PolicyTrainer(replace(config, training_backend="ddp"))
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
+    expected = single.train_on_batch(batch)
+    expected_weights = single.rollout_state_dict()
+    (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
+    (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
+    _spawn(train_steps, 2, str(tmp_path))
+    ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+    assert expected["actor/teacher_top_k_kl"] > 0
+    kl = sum(r["metrics"]["actor/teacher_top_k_kl"] for r in ranks) / 2
+    assert kl == pytest.approx(expected["actor/teacher_top_k_kl"], rel=0.05)
+    # bf16 compute on both sides, reduced in another order: close, not equal.
+    for name, tensor in ranks[0]["weights"].items():
+        torch.testing.assert_close(tensor, expected_weights[name], atol=2e-2, rtol=0, msg=name)
+    grad_norms = [r["metrics"]["actor/grad_norm"] for r in ranks]
+    assert grad_norms[0] == pytest.approx(grad_norms[1]) == pytest.approx(expected["actor/grad_norm"], rel=0.05)
