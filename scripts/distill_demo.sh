@@ -15,6 +15,7 @@ STEPS="${DISTILL_RL_STEPS:-100}"
 LR="${DISTILL_LR:-5e-4}"  # both runs; at the demo's 1e-4 neither run moved in 30 steps (docs/results.md)
 CORPUS_STEPS="${DISTILL_CORPUS_STEPS:-300}"  # language modelling on the passages: a model that can read, not search
 FORMAT_STEPS="${DISTILL_FORMAT_STEPS:-100}"  # behaviour-mix steps: the tags and when to search, little skill
+TOP_K="${DISTILL_TOP_K:-0}"  # > 0: the distilled run also fits the teacher's top k per token (docs/distill.md)
 EVAL_N="${DISTILL_EVAL_N:-300}"
 SEED="${DISTILL_SEED:-0}"
 TEACHER="${DISTILL_TEACHER:-$DEMO/rl/checkpoints/global_step_30/hf_model}"
@@ -61,9 +62,9 @@ step "4/7 GRPO alone ($STEPS steps; the teacher measures the KL, coef 0)"
 rm -rf "$OUT/grpo"
 "$PY" examples/searchr1/main_searchr1.py "${COMMON[@]}" runner.output_dir="$OUT/grpo" algorithm.distill.coef=0
 
-step "5/7 GRPO + distillation ($STEPS steps, same seed)"
+step "5/7 GRPO + distillation ($STEPS steps, same seed, teacher top-k $TOP_K)"
 rm -rf "$OUT/distill"
-"$PY" examples/searchr1/main_searchr1.py "${COMMON[@]}" runner.output_dir="$OUT/distill"
+"$PY" examples/searchr1/main_searchr1.py "${COMMON[@]}" runner.output_dir="$OUT/distill" algorithm.distill.top_k="$TOP_K"
 
 step "6/7 held-out test EM after RL"
 for run in grpo distill; do

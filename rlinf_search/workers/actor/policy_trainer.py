@@ -21,9 +21,9 @@ from rlinf_search.algorithms import (
     aggregate_loss,
     entropy_bonus_loss,
     kl_penalty,
-    top_k_kl,
     masked_mean,
     ppo_policy_loss,
+    top_k_kl,
 )
 from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
