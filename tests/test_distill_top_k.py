@@ -5,7 +5,6 @@ ranks in bf16 with uneven micro-batches, as the GPU recipe trains."""
 from __future__ import annotations
 
 import math
-import pickle
 from dataclasses import replace
 
 import pytest
@@ -18,8 +17,8 @@ from rlinf_search.distill.teacher import _echoed
 from rlinf_search.net.http import FinalBackendError
 from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
-from tests.fsdp_ranks import train_steps
-from tests.test_fsdp import _config, _spawn, _uneven_batch
+from rlinf_search.workers.actor.token_scoring import layout_batch, to_device
+from tests.test_fsdp import _config, _uneven_batch, one_process_and_two_ranks
 
 K = 4
 
@@ -82,7 +81,6 @@ def test_the_actor_moves_toward_the_teachers_top_k(tiny_model_dir):
     batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [trainer.compute_logprobs(batch)])
 
     def kl_now() -> float:
-        from rlinf_search.workers.actor.token_scoring import layout_batch, to_device
         layout = to_device(layout_batch(batch, packed=trainer.packed), trainer.device)
         with torch.no_grad():
             scored = trainer.module(layout)
@@ -104,14 +102,7 @@ def test_two_fsdp_ranks_in_bf16_match_one_process_with_the_top_k_term(tiny_model
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = _with_teacher(_uneven_batch(tokenizer), tokenizer)
     config = _config(tiny_model_dir, training_backend="fsdp", dtype="bfloat16")
-    single = PolicyTrainer(replace(config, training_backend="ddp"))
-    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
-    expected = single.train_on_batch(batch)
-    expected_weights = single.rollout_state_dict()
-    (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
-    (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
-    _spawn(train_steps, 2, str(tmp_path))
-    ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+    expected, expected_weights, ranks = one_process_and_two_ranks(config, batch, tmp_path)
     assert expected["actor/teacher_top_k_kl"] > 0
     kl = sum(r["metrics"]["actor/teacher_top_k_kl"] for r in ranks) / 2
     assert kl == pytest.approx(expected["actor/teacher_top_k_kl"], rel=0.05)

@@ -62,6 +62,19 @@ def _config(model_dir, **changes) -> ActorConfig:
     return ActorConfig(**settings)
 
 
+def one_process_and_two_ranks(config: ActorConfig, batch, tmp_path) -> tuple[dict, dict, list[dict]]:
+    """One PPO update of ``batch`` in one process (``ddp`` at one rank), then ``train_steps`` on 2 spawned
+    ranks under ``config``: (the process's metrics, its weights, each rank's results)."""
+    single = PolicyTrainer(replace(config, training_backend="ddp"))
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
+    expected = single.train_on_batch(batch)
+    expected_weights = single.rollout_state_dict()
+    (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
+    (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
+    _spawn(train_steps, 2, str(tmp_path))
+    return expected, expected_weights, [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+
+
 def test_the_batch_splits_unevenly_across_ranks(tiny_model_dir):
     """The premise of the 2-rank tests: without padding passes the ranks would run different counts."""
     batch = _uneven_batch(AutoTokenizer.from_pretrained(tiny_model_dir))
@@ -82,14 +95,7 @@ def test_the_batch_splits_unevenly_across_ranks(tiny_model_dir):
 def test_two_ranks_match_one_process_on_uneven_micro_batches(backend, tiny_model_dir, tmp_path):
     batch = _uneven_batch(AutoTokenizer.from_pretrained(tiny_model_dir))
     config = _config(tiny_model_dir, training_backend=backend)
-    single = PolicyTrainer(replace(config, training_backend="ddp"))
-    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
-    expected = single.train_on_batch(batch)
-    expected_weights = single.rollout_state_dict()
-    (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
-    (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
-    _spawn(train_steps, 2, str(tmp_path))
-    ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+    expected, expected_weights, ranks = one_process_and_two_ranks(config, batch, tmp_path)
     assert sorted(ranks[0]["rows"] + ranks[1]["rows"]) == list(range(len(batch))), "each row scored once"
     assert ranks[1]["weights"] == {}, "rank 0 alone holds the gathered weights"
     for name, tensor in ranks[0]["weights"].items():

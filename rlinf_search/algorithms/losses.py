@@ -125,9 +125,9 @@ def top_k_kl(teacher_top: torch.Tensor, student_top: torch.Tensor, scored: torch
     ``sum_j q_j (log q_j - log p_j)`` is >= 0 and falls only as the student moves mass onto those tokens
     (on-policy distillation with a dense target, as in GKD). Padding entries carry -inf and weigh nothing.
     """
-    safe_teacher = torch.where(scored.unsqueeze(-1), teacher_top.float(), torch.zeros_like(teacher_top, dtype=torch.float32))
-    q = torch.softmax(safe_teacher, dim=-1)
-    student = torch.where(q > 0, student_top.float(), torch.zeros_like(student_top, dtype=torch.float32))
+    # Unscored positions may be all -inf (softmax would give NaN), and a padded slot's q is 0 (0 * -inf is NaN).
+    q = torch.softmax(torch.where(scored.unsqueeze(-1), teacher_top.float(), 0.0), dim=-1)
+    student = torch.where(q > 0, student_top.float(), 0.0)
     kl = (torch.xlogy(q, q) - q * student).sum(-1)
     return torch.where(scored, kl, torch.zeros_like(kl))
 

@@ -146,11 +146,20 @@ def top_k_tensors(tops: list[list[list[tuple[int, float]]] | None], shape: tuple
     with fewer than ``k`` (or none: not scored) is padded with id 0 at log-prob -inf, which weighs nothing."""
     ids = torch.zeros((*shape, k), dtype=torch.long)
     logprobs = torch.full((*shape, k), float("-inf"))
+    # Flat lists, then one indexed write: a tensor per position would cost B * T small allocations a step.
+    where: list[tuple[int, int, int]] = []
+    tokens: list[int] = []
+    values: list[float] = []
     for row, top in enumerate(tops):
         for col, entries in enumerate(top or []):
-            if entries:
-                ids[row, col, : len(entries)] = torch.tensor([token for token, _ in entries])
-                logprobs[row, col, : len(entries)] = torch.tensor([value for _, value in entries])
+            for slot, (token, value) in enumerate(entries):
+                where.append((row, col, slot))
+                tokens.append(token)
+                values.append(value)
+    if where:
+        index = tuple(torch.tensor(where, dtype=torch.long).unbind(1))
+        ids[index] = torch.tensor(tokens, dtype=torch.long)
+        logprobs[index] = torch.tensor(values, dtype=logprobs.dtype)
     return ids, logprobs
 
 

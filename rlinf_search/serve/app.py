@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from rlinf_search.distill.config import MAX_TOP_K
 from rlinf_search.net.serving import ClientError, read_body
 from rlinf_search.serve.completion_model import CompletionModel
 
@@ -37,7 +38,7 @@ class CompletionRequest(BaseModel):
     max_tokens: StrictInt = Field(default=16, ge=0)
     temperature: float = Field(default=1.0, ge=0)
     echo: StrictBool = False
-    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)  # vLLM's default max_logprobs
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_K)
     seed: StrictInt | None = None
     return_tokens_as_token_ids: StrictBool = False
     """vLLM's extension: ``top_logprobs`` keys are ``token_id:<id>`` instead of token text (text can be

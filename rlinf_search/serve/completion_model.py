@@ -42,7 +42,8 @@ class CompletionModel:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @torch.no_grad()
-    def score(self, ids: list[int], *, temperature: float, top_k: int = 0) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+    def score(self, ids: list[int], *, temperature: float,
+              top_k: int = 0) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
         """Log-prob of each of ``ids`` given the ones before it, from ``logits / temperature``; and with
         ``top_k`` > 0 the ``top_k`` most likely (id, log-prob) at each position (None for the first)."""
         if len(ids) > self.max_length:
