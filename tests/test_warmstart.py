@@ -20,6 +20,7 @@ from toolkits.sft_warmstart import (
     SFTStage,
     _batch,
     decision_position,
+    last_turn,
     search_probabilities,
     train_sft,
 )
@@ -167,3 +168,26 @@ def test_the_corpus_stage_trains_on_passages_alone(synth_records, tiny_model_dir
     assert trained(corpus).tolist() == (~mask).tolist() and bool(trained(corpus).any())
     assert trained(reading).all() and trained(skill).tolist() == mask.tolist()
     assert (corpus[0, :start] == -100).all(), "the prompt is never trained on"
+
+
+def test_the_comprehension_stage_trains_on_the_answer_turn_alone(synth_records, tiny_model_dir):
+    """``--comprehension-steps``: the last model turn (the answer after the passages) is trained; the query turn,
+    the passages and the prompt are not, so the student can copy a fact in front of it without being shown a
+    query (the distillation benchmark's student)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    traj = _scripted(synth_records[0], tokenizer, PromptTokenizer(tokenizer), search=True)
+    start = len(traj.prompt_ids)
+    _, _, labels = _batch([traj], tokenizer.pad_token_id, trains_queries=False)
+    trained = labels[0, start:start + len(traj.response_ids)] != -100
+    answer_at = max(i for i, m in enumerate(traj.response_mask) if m == 0) + 1
+    assert trained.tolist() == [i >= answer_at for i in range(len(traj.response_ids))]
+    assert "<answer>" in tokenizer.decode(torch.tensor(traj.response_ids)[trained])
+    assert "<search>" not in tokenizer.decode(torch.tensor(traj.response_ids)[trained])
+    assert (labels[0, :start] == -100).all()
+    assert last_turn([1, 1, 0, 0, 1, 1, 1]).tolist() == [False, False, False, False, True, True, True]
+    assert last_turn([1, 1]).tolist() == [True, True]

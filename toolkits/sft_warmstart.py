@@ -61,6 +61,10 @@ class SFTStage:
     """Train on the model's turns. False with ``train_on_observations``: language modelling on the retrieved
     passages alone, the stand-in for a pretrained LM that has read the corpus but never seen the task
     (the distillation benchmark's student, which must not learn the skill from the warm start)."""
+    trains_queries: bool = True
+    """Train on every model turn. False: on the last one only, the answer written after the passages, with the
+    queries masked: reading comprehension, which a pretrained LM brings to the task, without what to search
+    for (the distillation benchmark's student: it can copy a fact in front of it, but was never shown a query)."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,19 @@ def decision_position(tokenizer) -> int:
     return next(i for i, (a, b) in enumerate(zip(search, answer)) if a != b)
 
 
+def last_turn(response_mask: list[int]) -> torch.Tensor:
+    """The response positions of the last model turn (the last run of mask 1), as a bool mask."""
+    mask = torch.tensor(response_mask, dtype=torch.bool)
+    observations = (~mask).nonzero()
+    start = int(observations[-1]) + 1 if len(observations) else 0
+    last = torch.zeros_like(mask)
+    last[start:] = mask[start:]
+    return last
+
+
 def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
-           trains_model_turns: bool = True, untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           trains_model_turns: bool = True, trains_queries: bool = True,
+           untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Padded ids, attention and labels; ``untrained_position``: a response position left out of the loss."""
     sequences = [t.prompt_ids + t.response_ids for t in trajectories]
     width = max(len(s) for s in sequences)
@@ -111,7 +126,8 @@ def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations
         ids[row, : len(seq)] = torch.tensor(seq)
         attention[row, : len(seq)] = 1
         model_turn = torch.tensor(traj.response_mask, dtype=torch.bool)
-        trained = (model_turn & trains_model_turns) | (~model_turn & train_on_observations)
+        trained_turns = model_turn if trains_queries else last_turn(traj.response_mask)
+        trained = (trained_turns & trains_model_turns) | (~model_turn & train_on_observations)
         if untrained_position is not None and untrained_position < len(trained):
             trained[untrained_position] = False
         response = torch.tensor(traj.response_ids)
@@ -143,6 +159,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig) -> li
             batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
             ids, attention, labels = _batch(batch, pad_id, train_on_observations=stage.train_on_observations,
                                             trains_model_turns=stage.trains_model_turns,
+                                            trains_queries=stage.trains_queries,
                                             untrained_position=None if stage.trains_decision else decision)
             loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
             optimizer.zero_grad()
@@ -214,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus-steps", type=int, default=0,
                         help="first of all, steps of language modelling on the retrieved passages alone (no model "
                              "turn): a model that has read the corpus but not learned the task")
+    parser.add_argument("--comprehension-steps", type=int, default=0,
+                        help="then steps on the answer turn of good searches only (queries and passages masked): a "
+                             "model that can answer from passages in front of it but was never shown what to search")
     parser.add_argument("--reading-steps", type=int, default=300,
                         help="first, steps of language modelling on good trajectories, passages included")
     parser.add_argument("--skill-steps", type=int, default=400,
@@ -257,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     early = args.decision_in_every_stage
     stages = [SFTStage("corpus", good, args.corpus_steps, train_on_observations=True, trains_model_turns=False,
                        trains_decision=False),
+              SFTStage("comprehension", good, args.comprehension_steps, trains_queries=False, trains_decision=False),
               SFTStage("reading", good, args.reading_steps, train_on_observations=True, trains_decision=early),
               SFTStage("skill", good, args.skill_steps, trains_decision=early), SFTStage("mix", mixed, args.mix_steps)]
     config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed, final_stage_decay=args.final_lr_decay)
