@@ -148,20 +148,6 @@ def recipe(tmp_path):
     return cfg
 
 
-# The recipe's rollout is vLLM, which another change brings (the backend and its config keys).
-VLLM_NOT_LANDED = ("rollout.rollout_backend: 'vllm' is not available", "cluster.num_gpus_per_node: unknown key",
-                   "rollout.gpu_memory_utilization: unknown key")
-
-
-def _validate_recipe(cfg):
-    try:
-        return validate_cfg(cfg)
-    except ConfigError as exc:
-        if any(message in str(exc) for message in VLLM_NOT_LANDED):
-            pytest.skip(f"the vLLM rollout backend has not landed in this build yet ({exc})")
-        raise
-
-
 @pytest.fixture()
 def hf_recipe(recipe):
     """The recipe with the HF rollout (its vLLM keys dropped): isolates the actor's keys, on CPU."""
@@ -172,7 +158,7 @@ def hf_recipe(recipe):
 
 
 def test_recipe_validates_on_cpu(recipe):
-    run = _validate_recipe(recipe)
+    run = validate_cfg(recipe)
     megatron = run.actor.megatron
     assert run.actor.training_backend == "megatron" and megatron.tensor_model_parallel_size == 2
     recompute = (megatron.recompute_granularity, megatron.recompute_method, megatron.recompute_num_layers)
