@@ -14,6 +14,7 @@ OUT="${DISTILL_OUT:-outputs/distill}"
 STEPS="${DISTILL_RL_STEPS:-100}"
 LR="${DISTILL_LR:-5e-4}"  # both runs; at the demo's 1e-4 neither run moved in 30 steps (docs/results.md)
 CORPUS_STEPS="${DISTILL_CORPUS_STEPS:-300}"  # language modelling on the passages: a model that can read, not search
+COMPREHENSION_STEPS="${DISTILL_COMPREHENSION_STEPS:-0}"  # > 0: the answer turn only, a student that can copy a fact in front of it
 FORMAT_STEPS="${DISTILL_FORMAT_STEPS:-100}"  # behaviour-mix steps: the tags and when to search, little skill
 TOP_K="${DISTILL_TOP_K:-0}"  # > 0: the distilled run also fits the teacher's top k per token (docs/distill.md)
 EVAL_N="${DISTILL_EVAL_N:-300}"
@@ -41,9 +42,9 @@ ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/server.addr" --ti
 TEACHER_ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/teacher.addr" --timeout 120)
 echo "retrieval at $ADDR, teacher at $TEACHER_ADDR ($TEACHER)"
 
-step "2/7 student: the demo's untrained model, $CORPUS_STEPS steps on the corpus, then the format only ($FORMAT_STEPS steps)"
+step "2/7 student: the demo's untrained model, $CORPUS_STEPS steps on the corpus, $COMPREHENSION_STEPS on answers, then the format only ($FORMAT_STEPS steps)"
 "$PY" -m toolkits.sft_warmstart --model "$DEMO/model/base" --data "$DEMO/data/train.prepared.jsonl" \
-    --server-addr "$ADDR" --out "$OUT/student" --corpus-steps "$CORPUS_STEPS" --reading-steps 0 --skill-steps 0 \
+    --server-addr "$ADDR" --out "$OUT/student" --corpus-steps "$CORPUS_STEPS" --comprehension-steps "$COMPREHENSION_STEPS" --reading-steps 0 --skill-steps 0 \
     --mix-steps "$FORMAT_STEPS" \
     --seed "$SEED"
 
