@@ -191,3 +191,31 @@ def test_the_comprehension_stage_trains_on_the_answer_turn_alone(synth_records, 
     assert (labels[0, :start] == -100).all()
     assert last_turn([1, 1, 0, 0, 1, 1, 1]).tolist() == [False, False, False, False, True, True, True]
     assert last_turn([1, 1]).tolist() == [True, True]
+
+
+def test_answer_copy_probe_scores_the_answer_turn_teacher_forced(synth_records, tiny_model_dir):
+    """``toolkits.answer_copy_probe``: copied iff every answer-turn token is the argmax after what precedes it. The
+    answer here is the model's own greedy continuation (copied); one changed token makes it not copied."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+    from toolkits.answer_copy_probe import answer_copied, gold_in_passages
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    record = synth_records[0]
+    traj = _scripted(record, tokenizer, PromptTokenizer(tokenizer), search=True)
+    answer_at = max(i for i, m in enumerate(traj.response_mask) if m == 0) + 1
+    ids = traj.prompt_ids + traj.response_ids[:answer_at]
+    for _ in range(4):  # the model's own greedy answer turn
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    greedy = ids[len(traj.prompt_ids):]
+    own = dataclasses.replace(traj, response_ids=greedy, response_mask=traj.response_mask[:answer_at] + [1] * 4,
+                              rollout_logprobs=[0.0] * len(greedy))
+    assert answer_copied(model, own)
+    changed = dataclasses.replace(own, response_ids=greedy[:-1] + [(greedy[-1] + 1) % len(tokenizer)])
+    assert not answer_copied(model, changed)
+    assert not gold_in_passages(traj, record, tokenizer), "the scripted passage does not hold the answer"
+    holds = dataclasses.replace(record, golden_answers=[record.extra["subject"]])
+    assert gold_in_passages(traj, holds, tokenizer)

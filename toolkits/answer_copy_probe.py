@@ -1,0 +1,76 @@
+"""Can a model copy the answer out of the passages in front of it? Each question gets the scripted good search
+(the subject, then the bridge entity), run through the real agent loop and search server; the model is then
+scored teacher-forced on the answer turn: a question counts as copied when every answer token is the model's
+most likely next token. This separates reading (copying a fact in context) from searching (finding it).
+
+    python -m toolkits.answer_copy_probe --data outputs/demo/data/test.prepared.jsonl \\
+        --server-addr 127.0.0.1:8000 --model outputs/distill/student outputs/demo/rl/checkpoints/global_step_30/hf_model
+
+Prints one line per model: copied / questions where the gold answer is in the retrieved passages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import torch
+
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.data.prepare import load_records
+from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
+from toolkits.sft_warmstart import _collect_from_server, last_turn
+
+
+@torch.no_grad()
+def answer_copied(model, trajectory: Trajectory) -> bool:
+    """Whether every token of the trajectory's last model turn is the model's argmax given what precedes it."""
+    ids = torch.tensor([trajectory.prompt_ids + trajectory.response_ids])
+    predicted = model(input_ids=ids).logits[0].argmax(-1)
+    answer = last_turn(trajectory.response_mask).nonzero().flatten() + len(trajectory.prompt_ids)
+    return bool((predicted[answer - 1] == ids[0, answer]).all())
+
+
+def gold_in_passages(trajectory: Trajectory, record: QARecord, tokenizer) -> bool:
+    """Whether a gold answer appears in the response before its answer turn (the retrieved passages)."""
+    before = tokenizer.decode(trajectory.response_ids).split("<answer>")[0]
+    return any(gold in before for gold in record.golden_answers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="prepared synthetic jsonl (the test split)")
+    parser.add_argument("--server-addr", required=True, help="retrieval server host:port over the same corpus")
+    parser.add_argument("--model", nargs="+", required=True, help="HF model directories to score")
+    parser.add_argument("--questions", type=int, default=200)
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--max-passage-tokens", type=int, default=48)
+    parser.add_argument("--max-obs-tokens", type=int, default=160)
+    args = parser.parse_args(argv)
+    try:
+        records = load_records(args.data)[: args.questions]
+        scripts = SyntheticScripts(records, BehaviourMix())
+    except (ValueError, OSError) as exc:
+        print(f"answer_copy_probe: {exc}", file=sys.stderr)
+        return 1
+    # Four turns: the subject search, the bridge search and the answer always fit.
+    loop_config = AgentLoopConfig(max_turns=4, max_tokens_per_turn=64, max_obs_tokens=args.max_obs_tokens,
+                                  max_passage_tokens=args.max_passage_tokens, topk=args.topk)
+    for model_dir in args.model:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        trajectories = asyncio.run(_collect_from_server(records, lambda record, rng: scripts.good_search(record),
+                                                        tokenizer, args.server_addr, loop_config, 0))
+        found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
+        copied = sum(answer_copied(model, t) for t, f in zip(trajectories, found) if f)
+        print(f"{model_dir}: answer copied in {copied} of {sum(found)} questions with the gold answer in the "
+              f"passages ({copied / max(1, sum(found)):.3f}); {len(records)} questions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
