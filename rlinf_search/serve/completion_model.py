@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlinf_search.workers.rollout.hf_cache import cache_kwargs, returned_cache
+
 
 @dataclass
 class ScoredText:
@@ -71,9 +73,9 @@ class CompletionModel:
         out, sequence = [], torch.tensor([ids], device=self.device)
         past = None
         for _ in range(max_tokens):
-            result = self.model(input_ids=sequence if past is None else sequence[:, -1:], past_key_values=past,
-                                use_cache=True)
-            past, logits = result.past_key_values, result.logits[0, -1].float()
+            result = self.model(input_ids=sequence if past is None else sequence[:, -1:],
+                                **cache_kwargs(self.model, past), use_cache=True)
+            past, logits = returned_cache(result), result.logits[0, -1].float()
             if temperature == 0:
                 token = int(logits.argmax())
             else:

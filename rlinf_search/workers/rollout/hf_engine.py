@@ -19,6 +19,7 @@ import torch
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.workers.offload import move_module
+from rlinf_search.workers.rollout.hf_cache import cache_kwargs
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.running_batch import RunningBatch
 from rlinf_search.workers.rollout.sampling import sample_next_tokens
@@ -246,7 +247,7 @@ class HFGenerationEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1)
         joined = RunningBatch(new, cache, mask, positions[:, -1] + 1, torch.zeros(len(new), dtype=torch.long))
         return self._sample_and_settle(joined, out.logits[:, -1, :].float())
 
@@ -254,7 +255,8 @@ class HFGenerationEngine:
         self.stats.decode_steps += 1
         mask = batch.advance()
         out = self.model(input_ids=batch.pending.view(-1, 1), attention_mask=mask,
-                         position_ids=batch.positions.view(-1, 1), past_key_values=batch.cache, use_cache=True)
+                         position_ids=batch.positions.view(-1, 1), **cache_kwargs(self.model, batch.cache),
+                         use_cache=True)
         batch.positions = batch.positions + 1
         return self._sample_and_settle(batch, out.logits[:, -1, :].float())
 
