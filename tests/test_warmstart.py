@@ -219,3 +219,35 @@ def test_answer_copy_probe_scores_the_answer_turn_teacher_forced(synth_records, 
     assert not gold_in_passages(traj, record, tokenizer), "the scripted passage does not hold the answer"
     holds = dataclasses.replace(record, golden_answers=[record.extra["subject"]])
     assert gold_in_passages(traj, holds, tokenizer)
+
+
+def test_answer_copy_probe_scores_the_first_query_after_its_search_tag(synth_records, tiny_model_dir):
+    """The query score skips the first turn's first token (the decision to search) and stops at the first
+    observation: the model's own greedy query is copied and its log-prob is the hand sum; one changed token is not."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+    from toolkits.answer_copy_probe import first_turn, query_scored
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    traj = _scripted(synth_records[0], tokenizer, PromptTokenizer(tokenizer), search=True)
+    turn_end = traj.response_mask.index(0)
+    ids = traj.prompt_ids + traj.response_ids[:1]
+    hand = 0.0
+    for _ in range(turn_end - 1):  # the model's own greedy query, as long as the scripted one
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+        ids.append(int(logprobs.argmax()))
+        hand += float(logprobs[ids[-1]])
+    own_turn = ids[len(traj.prompt_ids):]
+    own = dataclasses.replace(traj, response_ids=own_turn + traj.response_ids[turn_end:],
+                              rollout_logprobs=[0.0] * len(traj.response_ids))
+    value, copied = query_scored(model, own)
+    assert copied and value == pytest.approx(hand, abs=1e-4)
+    changed_turn = own_turn[:-1] + [(own_turn[-1] + 1) % len(tokenizer)]
+    changed = dataclasses.replace(own, response_ids=changed_turn + traj.response_ids[turn_end:])
+    assert not query_scored(model, changed)[1]
+    assert first_turn([1, 1, 0, 0, 1]).tolist() == [True, True, False, False, False]
+    assert first_turn([1, 1]).tolist() == [True, True]

@@ -2,11 +2,15 @@
 (the subject, then the bridge entity), run through the real agent loop and search server; the model is then
 scored teacher-forced on the answer turn: a question counts as copied when every answer token is the model's
 most likely next token. This separates reading (copying a fact in context) from searching (finding it).
+The same scripted trajectory also scores the first query: the tokens of the first model turn after its first
+one (the search tag: whether to search is a separate decision), that is the subject's name and the closing tag.
 
     python -m toolkits.answer_copy_probe --data outputs/demo/data/test.prepared.jsonl \\
         --server-addr 127.0.0.1:8000 --model outputs/distill/student outputs/demo/rl/checkpoints/global_step_30/hf_model
 
-Prints one line per model: copied / questions where the gold answer is in the retrieved passages.
+Prints one line per model: copied / questions where the gold answer is in the retrieved passages; the first
+query copied (every token the argmax) / questions, and the query tokens' mean summed log-prob (the teacher-forced
+log-likelihood of writing the subject as the query, which moves long before the argmax does).
 """
 
 from __future__ import annotations
@@ -31,6 +35,29 @@ def answer_copied(model, trajectory: Trajectory) -> bool:
     predicted = model(input_ids=ids).logits[0].argmax(-1)
     answer = last_turn(trajectory.response_mask).nonzero().flatten() + len(trajectory.prompt_ids)
     return bool((predicted[answer - 1] == ids[0, answer]).all())
+
+
+def first_turn(response_mask: list[int]) -> torch.Tensor:
+    """The response positions of the first model turn (the first run of mask 1), as a bool mask."""
+    mask = torch.tensor(response_mask, dtype=torch.bool)
+    observations = (~mask).nonzero()
+    end = int(observations[0]) if len(observations) else len(mask)
+    first = torch.zeros_like(mask)
+    first[:end] = mask[:end]
+    return first
+
+
+@torch.no_grad()
+def query_scored(model, trajectory: Trajectory) -> tuple[float, bool]:
+    """The summed log-prob of the first model turn's tokens after its first (the query and its closing tag), and
+    whether each of them is the model's argmax given what precedes it."""
+    ids = torch.tensor([trajectory.prompt_ids + trajectory.response_ids])
+    logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    positions = first_turn(trajectory.response_mask).nonzero().flatten()[1:] + len(trajectory.prompt_ids)
+    targets = ids[0, positions]
+    predicting = logprobs[positions - 1]
+    return (float(predicting.gather(1, targets[:, None]).sum()),
+            bool((predicting.argmax(-1) == targets).all()))
 
 
 def gold_in_passages(trajectory: Trajectory, record: QARecord, tokenizer) -> bool:
@@ -67,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
                                                         tokenizer, args.server_addr, loop_config, 0))
         found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
         copied = sum(answer_copied(model, t) for t, f in zip(trajectories, found) if f)
+        queries = [query_scored(model, t) for t in trajectories]
+        query_copied = sum(ok for _, ok in queries)
+        query_logprob = sum(value for value, _ in queries) / max(1, len(queries))
         print(f"{model_dir}: answer copied in {copied} of {sum(found)} questions with the gold answer in the "
-              f"passages ({copied / max(1, sum(found)):.3f}); {len(records)} questions")
+              f"passages ({copied / max(1, sum(found)):.3f}); query copied in {query_copied} of {len(records)} "
+              f"({query_copied / max(1, len(records)):.3f}, mean log-prob of the query tokens {query_logprob:.2f})")
     return 0
 
 
