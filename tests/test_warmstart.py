@@ -200,7 +200,7 @@ def test_answer_copy_probe_scores_the_answer_turn_teacher_forced(synth_records, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlinf_search.data.prompt_tokens import PromptTokenizer
-    from toolkits.answer_copy_probe import answer_copied, gold_in_passages
+    from toolkits.answer_copy_probe import gold_in_passages, probe
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -213,9 +213,9 @@ def test_answer_copy_probe_scores_the_answer_turn_teacher_forced(synth_records, 
     greedy = ids[len(traj.prompt_ids):]
     own = dataclasses.replace(traj, response_ids=greedy, response_mask=traj.response_mask[:answer_at] + [1] * 4,
                               rollout_logprobs=[0.0] * len(greedy))
-    assert answer_copied(model, own)
+    assert probe(model, own).answer_copied
     changed = dataclasses.replace(own, response_ids=greedy[:-1] + [(greedy[-1] + 1) % len(tokenizer)])
-    assert not answer_copied(model, changed)
+    assert not probe(model, changed).answer_copied
     assert not gold_in_passages(traj, record, tokenizer), "the scripted passage does not hold the answer"
     holds = dataclasses.replace(record, golden_answers=[record.extra["subject"]])
     assert gold_in_passages(traj, holds, tokenizer)
@@ -228,7 +228,8 @@ def test_answer_copy_probe_scores_the_first_query_after_its_search_tag(synth_rec
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlinf_search.data.prompt_tokens import PromptTokenizer
-    from toolkits.answer_copy_probe import first_turn, query_scored
+    from toolkits.answer_copy_probe import probe
+    from toolkits.sft_warmstart import first_turn
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -244,10 +245,10 @@ def test_answer_copy_probe_scores_the_first_query_after_its_search_tag(synth_rec
     own_turn = ids[len(traj.prompt_ids):]
     own = dataclasses.replace(traj, response_ids=own_turn + traj.response_ids[turn_end:],
                               rollout_logprobs=[0.0] * len(traj.response_ids))
-    value, copied = query_scored(model, own)
-    assert copied and value == pytest.approx(hand, abs=1e-4)
+    scores = probe(model, own)
+    assert scores.query_copied and scores.query_logprob == pytest.approx(hand, abs=1e-4)
     changed_turn = own_turn[:-1] + [(own_turn[-1] + 1) % len(tokenizer)]
     changed = dataclasses.replace(own, response_ids=changed_turn + traj.response_ids[turn_end:])
-    assert not query_scored(model, changed)[1]
+    assert not probe(model, changed).query_copied
     assert first_turn([1, 1, 0, 0, 1]).tolist() == [True, True, False, False, False]
     assert first_turn([1, 1]).tolist() == [True, True]

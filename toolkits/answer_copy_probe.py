@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -25,39 +26,33 @@ from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prepare import load_records
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
-from toolkits.sft_warmstart import _collect_from_server, last_turn
+from toolkits.sft_warmstart import _collect_from_server, first_turn, last_turn
+
+
+@dataclass(frozen=True)
+class ProbeScores:
+    """What one teacher-forced pass over a scripted trajectory says about a model."""
+
+    answer_copied: bool
+    """Every token of the last model turn (the answer) is the model's argmax given what precedes it."""
+    query_logprob: float
+    """Summed log-prob of the first model turn's tokens after its first (the query and its closing tag)."""
+    query_copied: bool
+    """Each of those query tokens is the model's argmax given what precedes it."""
 
 
 @torch.no_grad()
-def answer_copied(model, trajectory: Trajectory) -> bool:
-    """Whether every token of the trajectory's last model turn is the model's argmax given what precedes it."""
-    ids = torch.tensor([trajectory.prompt_ids + trajectory.response_ids])
-    predicted = model(input_ids=ids).logits[0].argmax(-1)
-    answer = last_turn(trajectory.response_mask).nonzero().flatten() + len(trajectory.prompt_ids)
-    return bool((predicted[answer - 1] == ids[0, answer]).all())
-
-
-def first_turn(response_mask: list[int]) -> torch.Tensor:
-    """The response positions of the first model turn (the first run of mask 1), as a bool mask."""
-    mask = torch.tensor(response_mask, dtype=torch.bool)
-    observations = (~mask).nonzero()
-    end = int(observations[0]) if len(observations) else len(mask)
-    first = torch.zeros_like(mask)
-    first[:end] = mask[:end]
-    return first
-
-
-@torch.no_grad()
-def query_scored(model, trajectory: Trajectory) -> tuple[float, bool]:
-    """The summed log-prob of the first model turn's tokens after its first (the query and its closing tag), and
-    whether each of them is the model's argmax given what precedes it."""
+def probe(model, trajectory: Trajectory) -> ProbeScores:
+    """One forward pass over the trajectory, scored on its answer turn and on its first query."""
     ids = torch.tensor([trajectory.prompt_ids + trajectory.response_ids])
     logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
-    positions = first_turn(trajectory.response_mask).nonzero().flatten()[1:] + len(trajectory.prompt_ids)
-    targets = ids[0, positions]
-    predicting = logprobs[positions - 1]
-    return (float(predicting.gather(1, targets[:, None]).sum()),
-            bool((predicting.argmax(-1) == targets).all()))
+    predicted = logprobs.argmax(-1)
+    offset = len(trajectory.prompt_ids)
+    answer = last_turn(trajectory.response_mask).nonzero().flatten() + offset
+    query = first_turn(trajectory.response_mask).nonzero().flatten()[1:] + offset
+    return ProbeScores(answer_copied=bool((predicted[answer - 1] == ids[0, answer]).all()),
+                       query_logprob=float(logprobs[query - 1].gather(1, ids[0, query][:, None]).sum()),
+                       query_copied=bool((predicted[query - 1] == ids[0, query]).all()))
 
 
 def gold_in_passages(trajectory: Trajectory, record: QARecord, tokenizer) -> bool:
@@ -87,16 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     # Four turns: the subject search, the bridge search and the answer always fit.
     loop_config = AgentLoopConfig(max_turns=4, max_tokens_per_turn=64, max_obs_tokens=args.max_obs_tokens,
                                   max_passage_tokens=args.max_passage_tokens, topk=args.topk)
+    vocab, trajectories, found = None, [], []
     for model_dir in args.model:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        trajectories = asyncio.run(_collect_from_server(records, lambda record, rng: scripts.good_search(record),
-                                                        tokenizer, args.server_addr, loop_config, 0))
-        found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
-        copied = sum(answer_copied(model, t) for t, f in zip(trajectories, found) if f)
-        queries = [query_scored(model, t) for t in trajectories]
-        query_copied = sum(ok for _, ok in queries)
-        query_logprob = sum(value for value, _ in queries) / max(1, len(queries))
+        if tokenizer.get_vocab() != vocab:  # the scripted searches are the same token ids for every model that shares it
+            vocab = tokenizer.get_vocab()
+            trajectories = asyncio.run(_collect_from_server(records, lambda record, rng: scripts.good_search(record),
+                                                            tokenizer, args.server_addr, loop_config, 0))
+            found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
+        scores = [probe(model, t) for t in trajectories]
+        copied = sum(score.answer_copied for score, f in zip(scores, found) if f)
+        query_copied = sum(score.query_copied for score in scores)
+        query_logprob = sum(score.query_logprob for score in scores) / max(1, len(scores))
         print(f"{model_dir}: answer copied in {copied} of {sum(found)} questions with the gold answer in the "
               f"passages ({copied / max(1, sum(found)):.3f}); query copied in {query_copied} of {len(records)} "
               f"({query_copied / max(1, len(records)):.3f}, mean log-prob of the query tokens {query_logprob:.2f})")

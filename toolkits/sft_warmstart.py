@@ -113,6 +113,16 @@ def last_turn(response_mask: list[int]) -> torch.Tensor:
     return last
 
 
+def first_turn(response_mask: list[int]) -> torch.Tensor:
+    """The response positions of the first model turn (the first run of mask 1), as a bool mask."""
+    mask = torch.tensor(response_mask, dtype=torch.bool)
+    observations = (~mask).nonzero()
+    end = int(observations[0]) if len(observations) else len(mask)
+    first = torch.zeros_like(mask)
+    first[:end] = mask[:end]
+    return first
+
+
 def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
            trains_model_turns: bool = True, trains_queries: bool = True,
            untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
