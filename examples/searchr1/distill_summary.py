@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"held_out": evals, "reverse_kl_first5_last5": kl_ends, "steps": args.steps}
     (args.out / "distill_summary.json").write_text(json.dumps(summary, indent=1))
     print(f"{'model':<22}{'EM':>7}{'F1':>7}{'searches':>10}")
-    for name, label in (("student", "student (format only)"), ("grpo", LABELS["grpo"]),
+    for name, label in (("student", "student (before RL)"), ("grpo", LABELS["grpo"]),
                         ("distill", LABELS["distill"]), ("teacher", "teacher")):
         row = evals[name]
         print(f"{label:<22}{row['em']:>7.3f}{row['f1']:>7.3f}{row['searches']:>10.2f}")
