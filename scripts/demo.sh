@@ -10,14 +10,25 @@ cd "$ROOT"
 OUT="${DEMO_OUT:-outputs/demo}"
 RL_STEPS="${DEMO_RL_STEPS:-30}"
 READING_STEPS="${DEMO_READING_STEPS:-300}"  # warm start, first: language modelling, passages included
-SKILL_STEPS="${DEMO_SKILL_STEPS:-500}"   # then good searches only (observations masked): querying, copying
+SKILL_STEPS="${DEMO_SKILL_STEPS:-1000}"  # then good searches only, until the probes pass (at most this many)
 MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all
 EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
 SEED="${DEMO_SEED:-0}"
+# One passage per search (Search-R1 uses 3): a correct query finds its person first in every case here, and the
+# shorter context makes every warm-start and RL step about twice as fast on a CPU (docs/results.md).
+TOPK=1
 mkdir -p "$OUT"
 # Hugging Face's per-load progress bars are noise in a log; the stages print their own progress.
 export HF_HUB_DISABLE_PROGRESS_BARS="${HF_HUB_DISABLE_PROGRESS_BARS:-1}"
 step() { printf '\n== %s\n' "$*"; }
+# Wall time of each step, for docs/results.md's table (examples/searchr1/demo_seeds_table.py reads it).
+TIMES="$OUT/step_seconds.tsv"
+: > "$TIMES"
+timed() { local name="$1" started=$SECONDS; shift; "$@"; printf '%s\t%s\n' "$name" $((SECONDS - started)) >> "$TIMES"; }
+
+# The CPU and the kernels PyTorch picks there (ATEN_CPU_CAPABILITY=avx2 forces AVX2 ones) change where a seed
+# ends, so every run records them beside its results.
+"$PY" -m toolkits.machine_info --out "$OUT/machine.json"
 
 step "1/8 synthetic task: a fictional knowledge base, one- and two-hop questions, disjoint splits"
 # 4,000 people: too many for the tiny model to memorise, so the warm start must learn to copy.
@@ -43,25 +54,30 @@ trap 'kill $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true
 ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/server.addr" --timeout 120)
 echo "serving at $ADDR (log: $OUT/server.log)"
 
-step "5/8 supervised warm start on scripted trajectories (good searches mixed with guesses and bad queries)"
-"$PY" -m toolkits.sft_warmstart --model "$OUT/model/base" --data "$OUT/data/train.prepared.jsonl" \
-    --server-addr "$ADDR" --out "$OUT/model/sft" --reading-steps "$READING_STEPS" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
+step "5/8 supervised warm start on scripted trajectories, each stage until its probes pass on validation questions"
+# reading (fixed steps), then skill until the model copies the name into its query and the answer out of the
+# passage, then the behaviour mix (good searches, guesses, bad queries) until its chance of searching first is
+# in its band. A probe that cannot be reached within its stage's steps stops the demo here, with one line.
+timed warm_start "$PY" -m toolkits.sft_warmstart --model "$OUT/model/base" --data "$OUT/data/train.prepared.jsonl" \
+    --val-data "$OUT/data/val.prepared.jsonl" --server-addr "$ADDR" --out "$OUT/model/sft" --topk "$TOPK" \
+    --reading-steps "$READING_STEPS" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
 
 step "6/8 held-out test EM of the warm-started model (greedy)"
-"$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/sft" --data "$OUT/data/test.prepared.jsonl" \
-    --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/warm_start"
+timed eval_before "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/sft" \
+    --data "$OUT/data/test.prepared.jsonl" --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 \
+    --max-samples "$EVAL_N" --out "$OUT/eval/warm_start"
 
 step "7/8 GRPO through the worker groups on a local Ray cluster ($RL_STEPS steps)"
 rm -rf "$OUT/rl"
-"$PY" examples/searchr1/main_searchr1.py runner.output_dir="$OUT/rl" runner.max_steps="$RL_STEPS" \
+timed grpo "$PY" examples/searchr1/main_searchr1.py runner.output_dir="$OUT/rl" runner.max_steps="$RL_STEPS" \
     runner.resume_dir=null rollout.model.model_path="$OUT/model/sft" tools.search.server_addr="$ADDR" \
-    data.seed="$SEED" data.train_data_paths="[$OUT/data/train.prepared.jsonl]" \
+    tools.search.topk="$TOPK" data.seed="$SEED" data.train_data_paths="[$OUT/data/train.prepared.jsonl]" \
     data.val_data_paths="[$OUT/data/val.prepared.jsonl]"
 
 step "8/8 held-out test EM after RL, curves and summary"
 FINAL="$OUT/rl/checkpoints/global_step_$RL_STEPS/hf_model"
-"$PY" -m rlinf_search.runners.eval_runner --model "$FINAL" --data "$OUT/data/test.prepared.jsonl" \
-    --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/after_rl"
+timed eval_after "$PY" -m rlinf_search.runners.eval_runner --model "$FINAL" --data "$OUT/data/test.prepared.jsonl" \
+    --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/after_rl"
 "$PY" -m rlinf_search.plot "$OUT/rl" --out "$OUT/curves.png"
 "$PY" examples/searchr1/demo_summary.py --before "$OUT/eval/warm_start/eval_results.json" \
     --after "$OUT/eval/after_rl/eval_results.json" --out "$OUT"

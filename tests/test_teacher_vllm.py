@@ -16,7 +16,7 @@ import pytest
 
 from tests.test_teacher_server import _reference, _score
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
 
 
 def _free_port() -> int:

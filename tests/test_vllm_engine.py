@@ -20,7 +20,7 @@ from rlinf_search.workers.rollout.base import build_engine
 from rlinf_search.workers.rollout.config import RolloutConfig
 from tests.conftest import HOTPOT_DIR
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
 
 TEMPERATURE = 0.7  # not 1, so a log-prob taken before the temperature would not match
 TOLERANCE = 1e-3  # fp32 on both sides; measured differences are about 1e-6

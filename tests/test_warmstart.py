@@ -15,14 +15,15 @@ from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.data.prepare import prepare
 from rlinf_search.retrieval.launch import RetrievalServerProcess, ServerStartError, wait_for_address_file
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts, question_kind
-from toolkits.sft_warmstart import (
-    SFTConfig,
-    SFTStage,
-    _batch,
+from toolkits.sft_warmstart import GoalNotReached, SFTConfig, SFTStage, _batch, search_probabilities, train_sft
+from toolkits.warmstart_probes import (
+    Bound,
+    ProbeSet,
+    StageGoal,
     decision_position,
+    first_turn,
     last_turn,
-    search_probabilities,
-    train_sft,
+    score_trajectories,
 )
 from toolkits.synth_task import SynthSpec, write_task
 
@@ -193,6 +194,13 @@ def test_the_comprehension_stage_trains_on_the_answer_turn_alone(synth_records, 
     assert last_turn([1, 1]).tolist() == [True, True]
 
 
+def probe(model, trajectory):
+    """The batched scorer on one trajectory."""
+    from transformers import AutoTokenizer
+
+    return score_trajectories(model, [trajectory], AutoTokenizer.from_pretrained(model.name_or_path))[0]
+
+
 def test_answer_copy_probe_scores_the_answer_turn_teacher_forced(synth_records, tiny_model_dir):
     """``toolkits.answer_copy_probe``: copied iff every answer-turn token is the argmax after what precedes it. The
     answer here is the model's own greedy continuation (copied); one changed token makes it not copied."""
@@ -200,7 +208,7 @@ def test_answer_copy_probe_scores_the_answer_turn_teacher_forced(synth_records, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlinf_search.data.prompt_tokens import PromptTokenizer
-    from toolkits.answer_copy_probe import gold_in_passages, probe
+    from toolkits.warmstart_probes import gold_in_passages
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -228,8 +236,6 @@ def test_answer_copy_probe_scores_the_first_query_after_its_search_tag(synth_rec
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlinf_search.data.prompt_tokens import PromptTokenizer
-    from toolkits.answer_copy_probe import probe
-    from toolkits.sft_warmstart import first_turn
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -252,3 +258,83 @@ def test_answer_copy_probe_scores_the_first_query_after_its_search_tag(synth_rec
     assert not probe(model, changed).query_copied
     assert first_turn([1, 1, 0, 0, 1]).tolist() == [True, True, False, False, False]
     assert first_turn([1, 1]).tolist() == [True, True]
+
+
+def test_probes_read_the_same_in_batches_as_one_at_a_time(synth_records, tiny_model_dir):
+    """Right padding changes nothing a causal model reads: batched scores equal single-row ones, and the probes'
+    first-turn chance of searching is the one ``search_probabilities`` computes from the prompt alone."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    records = synth_records[:12]
+    prompts = PromptTokenizer(tokenizer)
+    trajectories = [_scripted(r, tokenizer, prompts, search=True) for r in records]
+    assert len({len(t.prompt_ids) + len(t.response_ids) for t in trajectories}) > 1, "rows of several lengths"
+    batched = score_trajectories(model, trajectories, tokenizer, batch_size=5, pad_id=tokenizer.pad_token_id)
+    alone = [score_trajectories(model, [t], tokenizer)[0] for t in trajectories]
+    for a, b in zip(batched, alone):
+        assert (a.answer_copied, a.query_copied) == (b.answer_copied, b.query_copied)
+        assert a.query_logprob == pytest.approx(b.query_logprob, abs=1e-3)
+        assert a.search_chance == pytest.approx(b.search_chance, abs=1e-4)
+    chances = search_probabilities(model, tokenizer, records)
+    assert [s.search_chance for s in batched] == pytest.approx(chances, abs=1e-4)
+    reading = ProbeSet(records, trajectories, tokenizer).read(model)
+    assert reading.search_mean == pytest.approx(sum(chances) / len(chances), abs=1e-4)
+    assert reading.answer_copy == 0.0, "no scripted passage holds the answer, so none counts"
+
+
+def test_a_stage_with_a_goal_stops_when_it_holds_and_fails_at_its_cap(synth_records, tiny_model_dir):
+    """A goal met at the first reading ends the stage there; one never met stops the warm start at the stage's
+    step cap with one line naming the stage, its goal and the last reading."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompts = PromptTokenizer(tokenizer)
+    good = [_scripted(r, tokenizer, prompts, search=True) for r in synth_records[:64]]
+    probes = ProbeSet(synth_records[64:80], [_scripted(r, tokenizer, prompts, search=True)
+                                             for r in synth_records[64:80]], tokenizer)
+    lines: list[str] = []
+    easy = StageGoal((Bound("search_mean", ">=", 0.0),))
+    log = train_sft(model, tokenizer, [SFTStage("skill", good, 40, goal=easy, check_every=4), SFTStage("mix", good, 3)],
+                    SFTConfig(batch_size=4, warmup_steps=2), probes, report=lines.append)
+    assert [(st.name, st.steps) for st in log.stages] == [("skill", 4), ("mix", 3)]
+    assert len(log.losses) == 7 and lines[0].startswith("sft skill step 4: query copy") and "(goal met)" in lines[0]
+    assert len(log.stages[1].readings) == 1, "a stage without a goal is read at its end too"
+    never = StageGoal((Bound("query_copy", ">=", 1.5),))
+    with pytest.raises(GoalNotReached, match=r"stage 'skill' did not reach its goal \(query copy >= 1.5\) in 6 steps"):
+        train_sft(model, tokenizer, [SFTStage("skill", good, 6, goal=never, check_every=4)],
+                  SFTConfig(batch_size=4), probes, report=lines.append)
+    assert lines[-2].startswith("sft skill step 4") and lines[-1].startswith("sft skill step 6")
+    with pytest.raises(ValueError, match="unknown probe 'copy'"):
+        Bound("copy", ">=", 1)
+    with pytest.raises(ValueError, match="has a goal but no probes"):
+        train_sft(model, tokenizer, [SFTStage("skill", good, 6, goal=never)], SFTConfig())
+
+
+def test_sft_loss_is_the_models_own_loss(synth_records, tiny_model_dir):
+    """The LM head run on labelled positions alone gives the loss the model computes over every position."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+    from toolkits.sft_warmstart import sft_loss
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompts = PromptTokenizer(tokenizer)
+    rows = [_scripted(r, tokenizer, prompts, search=i % 2 == 0) for i, r in enumerate(synth_records[:6])]
+    ids, attention, labels = _batch(rows, tokenizer.pad_token_id)
+    with torch.no_grad():
+        ours = sft_loss(model, ids, attention, labels)
+        theirs = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)

@@ -18,47 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from dataclasses import dataclass
 
 import torch
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
-from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prepare import load_records
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
-from toolkits.sft_warmstart import _collect_from_server, first_turn, last_turn
-
-
-@dataclass(frozen=True)
-class ProbeScores:
-    """What one teacher-forced pass over a scripted trajectory says about a model."""
-
-    answer_copied: bool
-    """Every token of the last model turn (the answer) is the model's argmax given what precedes it."""
-    query_logprob: float
-    """Summed log-prob of the first model turn's tokens after its first (the query and its closing tag)."""
-    query_copied: bool
-    """Each of those query tokens is the model's argmax given what precedes it."""
-
-
-@torch.no_grad()
-def probe(model, trajectory: Trajectory) -> ProbeScores:
-    """One forward pass over the trajectory, scored on its answer turn and on its first query."""
-    ids = torch.tensor([trajectory.prompt_ids + trajectory.response_ids])
-    logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
-    predicted = logprobs.argmax(-1)
-    offset = len(trajectory.prompt_ids)
-    answer = last_turn(trajectory.response_mask).nonzero().flatten() + offset
-    query = first_turn(trajectory.response_mask).nonzero().flatten()[1:] + offset
-    return ProbeScores(answer_copied=bool((predicted[answer - 1] == ids[0, answer]).all()),
-                       query_logprob=float(logprobs[query - 1].gather(1, ids[0, query][:, None]).sum()),
-                       query_copied=bool((predicted[query - 1] == ids[0, query]).all()))
-
-
-def gold_in_passages(trajectory: Trajectory, record: QARecord, tokenizer) -> bool:
-    """Whether a gold answer appears in the response before its answer turn (the retrieved passages)."""
-    before = tokenizer.decode(trajectory.response_ids).split("<answer>")[0]
-    return any(gold in before for gold in record.golden_answers)
+from toolkits.sft_warmstart import _collect_from_server
+from toolkits.warmstart_probes import gold_in_passages, score_trajectories
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             trajectories = asyncio.run(_collect_from_server(records, lambda record, rng: scripts.good_search(record),
                                                             tokenizer, args.server_addr, loop_config, 0))
             found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
-        scores = [probe(model, t) for t in trajectories]
+        scores = score_trajectories(model, trajectories, tokenizer, pad_id=tokenizer.pad_token_id or 0)
         copied = sum(score.answer_copied for score, f in zip(scores, found) if f)
         query_copied = sum(score.query_copied for score in scores)
         query_logprob = sum(score.query_logprob for score in scores) / max(1, len(scores))

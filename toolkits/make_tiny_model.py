@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=TinyModelSpec.vocab_size)
     parser.add_argument("--hidden-size", type=int, default=TinyModelSpec.hidden_size)
     parser.add_argument("--num-layers", type=int, default=TinyModelSpec.num_layers)
+    parser.add_argument("--num-heads", type=int, default=TinyModelSpec.num_heads)
+    parser.add_argument("--num-kv-heads", type=int, default=TinyModelSpec.num_kv_heads)
     parser.add_argument("--intermediate-size", type=int, default=TinyModelSpec.intermediate_size)
     parser.add_argument("--seed", type=int, default=TinyModelSpec.seed)
     args = parser.parse_args(argv)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make_tiny_model: text file(s) not found: {', '.join(missing)}", file=sys.stderr)
         return 1
     spec = TinyModelSpec(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                         num_layers=args.num_layers,
+                         num_layers=args.num_layers, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
                          intermediate_size=args.intermediate_size, seed=args.seed)
     out = make_tiny_model(Path(args.out), files, spec)
     print(f"wrote a tiny Qwen2 model and tokenizer to {out}")

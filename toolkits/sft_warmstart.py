@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -32,6 +33,14 @@ from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
+from toolkits.warmstart_probes import (
+    Bound,
+    ProbeReading,
+    ProbeSet,
+    StageGoal,
+    decision_position,
+    last_turn,
+)
 
 # (record, rng) -> the model turns of one scripted trajectory
 ScriptFn = Callable[[QARecord, random.Random], list[str]]
@@ -46,7 +55,13 @@ class SFTStage:
     trajectories: list[Trajectory]
     """The scripted trajectories of this phase."""
     steps: int
-    """Optimizer steps in this phase."""
+    """Optimizer steps in this phase; with a ``goal``, the most it may take."""
+    goal: StageGoal | None = None
+    """Trains until this holds on the validation probes (read every ``check_every`` steps), then the next stage
+    starts; not reached in ``steps`` stops the warm start (``GoalNotReached``). None: exactly ``steps`` steps."""
+    check_every: int = 50
+    """Steps between two probe readings (each is one forward pass over the validation questions); with probes
+    given, a stage without a goal is read too, and runs its ``steps`` regardless."""
     train_on_observations: bool = False
     """Also train on observation tokens (the retrieved passages). Only for a first "reading" stage:
     a real LM has read Wikipedia before it learns to search it, and passages that repeat each name
@@ -97,32 +112,6 @@ async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: 
     return list(await asyncio.gather(*(one(r, s) for r, s in zip(records, scripts))))
 
 
-def decision_position(tokenizer) -> int:
-    """Index, in the first turn's ids, of the token that decides between searching and answering."""
-    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
-    return next(i for i, (a, b) in enumerate(zip(search, answer)) if a != b)
-
-
-def last_turn(response_mask: list[int]) -> torch.Tensor:
-    """The response positions of the last model turn (the last run of mask 1), as a bool mask."""
-    mask = torch.tensor(response_mask, dtype=torch.bool)
-    observations = (~mask).nonzero()
-    start = int(observations[-1]) + 1 if len(observations) else 0
-    last = torch.zeros_like(mask)
-    last[start:] = mask[start:]
-    return last
-
-
-def first_turn(response_mask: list[int]) -> torch.Tensor:
-    """The response positions of the first model turn (the first run of mask 1), as a bool mask."""
-    mask = torch.tensor(response_mask, dtype=torch.bool)
-    observations = (~mask).nonzero()
-    end = int(observations[0]) if len(observations) else len(mask)
-    first = torch.zeros_like(mask)
-    first[:end] = mask[:end]
-    return first
-
-
 def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
            trains_model_turns: bool = True, trains_queries: bool = True,
            untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -145,42 +134,106 @@ def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations
     return ids, attention, labels
 
 
-def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig) -> list[float]:
-    """Cross-entropy on model tokens only, stage after stage; returns the loss per step."""
+class GoalNotReached(RuntimeError):
+    """A warm-start stage took its most steps and its goal still did not hold on the validation probes."""
+
+    def __init__(self, stage: SFTStage, reading: ProbeReading):
+        super().__init__(f"warm start: stage {stage.name!r} did not reach its goal ({stage.goal}) in {stage.steps} "
+                         f"steps; on the validation questions: {reading}. Raise its step cap or try another --seed")
+        self.stage, self.reading = stage, reading
+
+
+@dataclass
+class StageRecord:
+    """How one stage went."""
+
+    name: str
+    """The stage's name."""
+    steps: int
+    """Optimizer steps it took."""
+    seconds: float
+    """Wall time, probe readings included."""
+    readings: list[tuple[int, ProbeReading]]
+    """(steps into the stage, reading) at every probe check; empty without probes."""
+
+
+@dataclass
+class WarmStartLog:
+    """What ``train_sft`` did."""
+
+    losses: list[float]
+    """Training loss at every step, all stages in order."""
+    stages: list[StageRecord]
+    """One per stage that ran (stages with 0 steps are skipped)."""
+
+
+def sft_loss(model, ids: torch.Tensor, attention: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled positions. The LM head runs on those positions alone: in
+    the stages that mask the passages, fewer than one position in ten is labelled."""
+    head = model.get_output_embeddings()
+    body = getattr(model, "base_model", model)
+    if head is None or body is model:  # no separate head to call: the model computes its own loss
+        return model(input_ids=ids, attention_mask=attention, labels=labels).loss
+    hidden = body(input_ids=ids, attention_mask=attention).last_hidden_state
+    targets = labels[:, 1:]
+    labelled = targets != -100
+    return torch.nn.functional.cross_entropy(head(hidden[:, :-1][labelled]).float(), targets[labelled])
+
+
+def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probes: ProbeSet | None = None,
+              *, report: Callable[[str], None] = print) -> WarmStartLog:
+    """Cross-entropy on the trained tokens, stage after stage; a stage with a goal stops as soon as the probes
+    show it (``report`` gets a line per reading) and raises ``GoalNotReached`` at its step cap."""
     for stage in stages:
-        if not stage.trajectories:
+        if stage.steps and not stage.trajectories:
             raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
+        if stage.goal is not None and probes is None:
+            raise ValueError(f"warm-start stage {stage.name!r} has a goal but no probes were given")
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    total = sum(stage.steps for stage in stages)
-    last_stage = total - stages[-1].steps
-
-    def lr_factor(step: int) -> float:  # warm up, hold, then decay over the last stage
-        warm = min(1.0, (step + 1) / max(1, config.warmup_steps))
-        return warm * (1.0 - config.final_stage_decay * max(0, step - last_stage) / max(1, stages[-1].steps))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     model.train()
-    losses = []
+    log = WarmStartLog(losses=[], stages=[])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     decision = decision_position(tokenizer)
-    for stage in stages:
-        for _ in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
+    running = [stage for stage in stages if stage.steps > 0]
+    for stage in running:
+        record = StageRecord(stage.name, 0, 0.0, [])
+        started = time.monotonic()
+        final = stage is running[-1]
+        for step in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
+            # Warm up, hold, and over the last stage fall linearly (that stage sets how often the model
+            # searches; at full lr its last few batches' share of searches would set it).
+            lr = config.lr * min(1.0, (len(log.losses) + 1) / max(1, config.warmup_steps))
+            if final:
+                lr *= 1.0 - config.final_stage_decay * step / stage.steps
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
             ids, attention, labels = _batch(batch, pad_id, train_on_observations=stage.train_on_observations,
                                             trains_model_turns=stage.trains_model_turns,
                                             trains_queries=stage.trains_queries,
                                             untrained_position=None if stage.trains_decision else decision)
-            loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+            loss = sft_loss(model, ids, attention, labels)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            log.losses.append(loss.item())
+            record.steps = step + 1
+            bar.set_postfix(loss=f"{log.losses[-1]:.3f}")
+            if probes is not None and (record.steps % stage.check_every == 0 or record.steps == stage.steps):
+                reading = probes.read(model)
+                record.readings.append((record.steps, reading))
+                met = stage.goal is not None and stage.goal.met(reading)
+                report(f"sft {stage.name} step {record.steps}: {reading}" + (" (goal met)" if met else ""))
+                if met:
+                    break
+        record.seconds = time.monotonic() - started
+        log.stages.append(record)
+        if stage.goal is not None and not stage.goal.met(record.readings[-1][1]):
+            raise GoalNotReached(stage, record.readings[-1][1])
     model.eval()
-    return losses
+    return log
 
 
 @torch.no_grad()
@@ -200,19 +253,20 @@ def search_probabilities(model, tokenizer, records: list[QARecord]) -> list[floa
 
 
 def warm_start(model_dir: Path, out_dir: Path, stages: list[SFTStage], config: SFTConfig,
-               probe: list[QARecord] = ()) -> tuple[list[float], list[float]]:
+               probe: list[QARecord] = (), probes: ProbeSet | None = None) -> tuple[WarmStartLog, list[float]]:
     """Load ``model_dir``, train on the stages and save the result (model and tokenizer) to ``out_dir``;
-    the losses, and the chance of searching first on each ``probe`` record."""
+    what training did, and the chance of searching first on each ``probe`` record. Nothing is saved when a
+    stage misses its goal (``GoalNotReached`` propagates)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    losses = train_sft(model, tokenizer, stages, config)
+    log = train_sft(model, tokenizer, stages, config, probes)
     chances = search_probabilities(model, tokenizer, list(probe))
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return losses, chances
+    return log, chances
 
 
 async def _collect_from_server(records: list[QARecord], scripts: SyntheticScripts, tokenizer, server_addr: str,
@@ -222,6 +276,19 @@ async def _collect_from_server(records: list[QARecord], scripts: SyntheticScript
         return await collect_trajectories(records, scripts, tool, tokenizer, loop_config, seed=seed)
     finally:
         await tool.aclose()
+
+
+def goals(args) -> tuple[StageGoal | None, StageGoal | None]:
+    """The skill stage's goal (it copies the name into its query and the answer out of the passages) and the mix
+    stage's (its chance of searching first inside the band, greedy decoding guessing nearly everywhere)."""
+    if not args.val_data:
+        return None, None
+    skill = StageGoal((Bound("query_copy", ">=", args.query_copy_goal), Bound("answer_copy", ">=", args.answer_copy_goal)))
+    low, high = args.search_band
+    mix = StageGoal((Bound("search_mean", ">=", low), Bound("search_mean", "<=", high),
+                     Bound("search_greedy", "<=", args.max_greedy_search),
+                     Bound("answer_copy", ">=", args.answer_copy_goal)))
+    return skill, mix
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="prepared synthetic training jsonl")
     parser.add_argument("--server-addr", required=True, help="retrieval server host:port")
     parser.add_argument("--out", required=True, help="directory for the warm-started model")
+    parser.add_argument("--val-data", help="prepared synthetic validation jsonl: every stage prints the probes on it "
+                                           "as it goes, and the skill and mix stages train until their goals hold")
+    parser.add_argument("--probe-questions", type=int, default=200, help="validation questions the probes read")
+    parser.add_argument("--check-every", type=int, default=SFTStage.check_every, help="steps between probe readings")
+    parser.add_argument("--query-copy-goal", type=float, default=0.85,
+                        help="skill stage: share of validation questions whose first query is the subject's name")
+    parser.add_argument("--answer-copy-goal", type=float, default=0.5,
+                        help="skill and mix stages: share whose answer is copied out of the passages")
+    parser.add_argument("--search-band", type=float, nargs=2, default=(0.1, 0.4), metavar=("LOW", "HIGH"),
+                        help="mix stage: the mean first-turn chance of searching must end inside this band")
+    parser.add_argument("--max-greedy-search", type=float, default=0.05,
+                        help="mix stage: most share of questions where greedy decoding searches first")
     parser.add_argument("--trajectories-per-question", type=int, default=1,
                         help="mixed-behaviour trajectories per training question")
     parser.add_argument("--search-share", type=float, default=BehaviourMix.search)
@@ -247,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reading-steps", type=int, default=300,
                         help="first, steps of language modelling on good trajectories, passages included")
     parser.add_argument("--skill-steps", type=int, default=400,
-                        help="steps on good searches only: querying and copying are the slow skills")
+                        help="steps on good searches only (with --val-data: the most; it stops at its goal)")
     parser.add_argument("--mix-steps", type=int, default=150,
                         help="then steps on the behaviour mix, which sets how often the model searches")
     parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size)
@@ -267,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         mix = BehaviourMix(search=args.search_share, bad_query=args.bad_query_share)
         records = load_records(args.data)
         scripts = SyntheticScripts(records, mix)
+        val_records = load_records(args.val_data)[: args.probe_questions] if args.val_data else []
+        skill_goal, mix_goal = goals(args)
     except (ValueError, OSError) as exc:
         print(f"sft_warmstart: {exc}", file=sys.stderr)
         return 1
@@ -278,28 +359,49 @@ def main(argv: list[str] | None = None) -> int:
                                             args.server_addr, loop_config, args.seed))
     mixed = asyncio.run(_collect_from_server(records * args.trajectories_per_question, scripts, tokenizer,
                                              args.server_addr, loop_config, args.seed))
-    failed = sum(1 for t in good + mixed if t.search_errors)
+    # The probes' searches get a turn for every hop, whatever --max-turns: they score reading, not turn budgets.
+    probe_config = dataclasses.replace(loop_config, max_turns=max(loop_config.max_turns, 2))
+    probed = asyncio.run(_collect_from_server(val_records, lambda record, rng: scripts.good_search(record), tokenizer,
+                                              args.server_addr, probe_config, args.seed))
+    failed = sum(1 for t in good + mixed + probed if t.search_errors)
     if failed:
         print(f"sft_warmstart: {failed} scripted trajectories saw failed searches; is the server at "
               f"{args.server_addr} serving the synthetic corpus?", file=sys.stderr)
         return 1
-    print(f"collected {len(good) + len(mixed)} scripted trajectories in {time.monotonic() - started:.1f} s")
+    print(f"collected {len(good) + len(mixed)} scripted trajectories and {len(probed)} validation probes in "
+          f"{time.monotonic() - started:.1f} s")
+    probes = ProbeSet(val_records, probed, tokenizer) if val_records else None
     early = args.decision_in_every_stage
+    # The mix stage is read at its end only: it sets the search rate while its lr decays, and stopping it early
+    # would leave that rate to the batches seen so far.
     stages = [SFTStage("corpus", good, args.corpus_steps, train_on_observations=True, trains_model_turns=False,
-                       trains_decision=False),
-              SFTStage("comprehension", good, args.comprehension_steps, trains_queries=False, trains_decision=False),
-              SFTStage("reading", good, args.reading_steps, train_on_observations=True, trains_decision=early),
-              SFTStage("skill", good, args.skill_steps, trains_decision=early), SFTStage("mix", mixed, args.mix_steps)]
+                       trains_decision=False, check_every=args.check_every),
+              SFTStage("comprehension", good, args.comprehension_steps, trains_queries=False, trains_decision=False,
+                       check_every=args.check_every),
+              SFTStage("reading", good, args.reading_steps, train_on_observations=True, trains_decision=early,
+                       check_every=args.check_every),
+              SFTStage("skill", good, args.skill_steps, trains_decision=early, goal=skill_goal,
+                       check_every=args.check_every),
+              SFTStage("mix", mixed, args.mix_steps, goal=mix_goal, check_every=max(1, args.mix_steps))]
     config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed, final_stage_decay=args.final_lr_decay)
     probe = random.Random(args.seed).sample(records, min(200, len(records)))
-    losses, chances = warm_start(Path(args.model), Path(args.out), stages, config, probe)
-    (Path(args.out) / "sft_losses.json").write_text(json.dumps({"config": vars(args), "losses": losses,
-                                                                "search_probabilities": chances}))
+    try:
+        log, chances = warm_start(Path(args.model), Path(args.out), stages, config, probe, probes)
+    except GoalNotReached as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    (Path(args.out) / "sft_losses.json").write_text(json.dumps({
+        "config": vars(args), "losses": log.losses, "search_probabilities": chances,
+        "stages": [{"name": st.name, "steps": st.steps, "seconds": round(st.seconds, 1),
+                    "readings": [{"step": step, **dataclasses.asdict(r)} for step, r in st.readings]}
+                   for st in log.stages]}))
     mean = sum(chances) / len(chances)
     greedy = sum(c > 0.5 for c in chances) / len(chances)
+    stage_steps = ", ".join(f"{st.name} {st.steps} steps in {st.seconds / 60:.1f} min" for st in log.stages)
     # How far the greedy choice sits from the edge: a mean near one half means rounding can flip it.
-    print(f"warm start: loss {losses[0]:.3f} -> {losses[-1]:.3f}; first-turn P(search) on {len(chances)} training "
-          f"prompts: mean {mean:.3f}, {greedy:.0%} above 1/2 (greedy searches there); saved to {args.out}")
+    print(f"warm start: {stage_steps}; loss {log.losses[0]:.3f} -> {log.losses[-1]:.3f}; first-turn P(search) on "
+          f"{len(chances)} training prompts: mean {mean:.3f}, {greedy:.0%} above 1/2 (greedy searches there); "
+          f"saved to {args.out}")
     return 0
 
 

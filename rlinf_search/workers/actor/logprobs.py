@@ -46,7 +46,7 @@ def score_rows(scorer: torch.nn.Module, batch: RolloutBatch, *, rank: int, world
     scorer.eval()
     for group in work.passes:
         part = batch.select(group) if group else padding_row(batch)
-        layout = to_device(layout_batch(part, packed=packed), device)
+        layout = to_device(layout_batch(part, packed=packed, model_tokens_only=True), device)
         with autocast if autocast is not None else contextlib.nullcontext():
             flat = scorer(layout, temperature=temperature).logprobs
         if group:

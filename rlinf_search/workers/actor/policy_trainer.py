@@ -31,7 +31,7 @@ from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.logprobs import score_rows
 from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
-from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, to_device
+from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, packs_rows, to_device
 
 
 def lr_lambda(config: OptimConfig):
@@ -76,7 +76,7 @@ class PolicyTrainer:
         self.parallel = self._parallel(group)
         self.scorer = TokenScorer(self.model, chunk_tokens=config.logprob_chunk_tokens)
         self.module = self.parallel.wrap(self.scorer)
-        self.packed = config.pack_sequences and self.packs_sequences
+        self.packed = self.packs_sequences and packs_rows(self.model, config.pack_sequences)
         o = config.optim
         # After wrapping: FSDP replaces the parameters with their shards, which the optimizer must hold.
         self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
@@ -155,7 +155,7 @@ class PolicyTrainer:
         """Forward and backward one micro-batch; its loss is scaled to the whole mini-batch's counts."""
         cfg: PolicyLossConfig = self.config.loss
         mask = micro.response_mask.to(self.device)
-        layout = to_device(layout_batch(micro, packed=self.packed), self.device)
+        layout = to_device(layout_batch(micro, packed=self.packed, model_tokens_only=True), self.device)
         with self.parallel.autocast(self.device):
             # Entropy is always measured (a collapsing entropy is the first sign of a dying run); it
             # carries a gradient only when it is part of the loss.

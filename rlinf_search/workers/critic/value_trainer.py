@@ -21,6 +21,7 @@ from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
 from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
 from rlinf_search.workers.actor.policy_trainer import enable_gradient_checkpointing, lr_lambda
+from rlinf_search.workers.actor.token_scoring import packs_rows
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.critic.value_model import VALUE_HEAD, ValueModel, response_values
 
@@ -56,6 +57,7 @@ class ValueTrainer:
         self.config = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = ValueModel.from_pretrained(config.model_path, dtype=torch.float32, seed=config.seed).to(self.device)
+        self.packed = packs_rows(self.model.backbone, config.pack_sequences)
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(self.model.backbone)
         self.model.train()
@@ -93,7 +95,7 @@ class ValueTrainer:
         self.module.eval()
         for group in work.passes:
             part = batch.select(group) if group else padding_row(batch)
-            values = response_values(self.module, part, packed=self.config.pack_sequences,
+            values = response_values(self.module, part, packed=self.packed,
                                      autocast=self.parallel.autocast(self.device)).cpu()
             if group:
                 out[torch.tensor(group), : part.response_length] = values
@@ -131,7 +133,7 @@ class ValueTrainer:
     def _accumulate(self, micro: RolloutBatch, work: RankWork, metrics: dict[str, float], *, share: float,
                     record: bool) -> None:
         mask = micro.response_mask.to(self.device)
-        predicted = response_values(self.module, micro, packed=self.config.pack_sequences,
+        predicted = response_values(self.module, micro, packed=self.packed,
                                     autocast=self.parallel.autocast(self.device))
         out = clipped_value_loss(predicted, micro.values.to(self.device), micro.returns.to(self.device),
                                  response_mask=mask, cliprange_value=self.config.value_clip)

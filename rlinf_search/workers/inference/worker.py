@@ -15,7 +15,7 @@ from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
 from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
-from rlinf_search.workers.actor.token_scoring import TokenScorer
+from rlinf_search.workers.actor.token_scoring import TokenScorer, packs_rows
 from rlinf_search.workers.inference.config import InferenceConfig
 
 
@@ -32,6 +32,8 @@ class InferenceWorker(Worker):
         self.policy = self._load() if policy else None
         self.reference = self._load() if reference else None
         self.weight_version = 0
+        loaded = self.policy or self.reference
+        self.packed = loaded is not None and packs_rows(loaded.lm, actor.pack_sequences)
 
     def _load(self) -> TokenScorer:
         from transformers import AutoModelForCausalLM
@@ -54,7 +56,7 @@ class InferenceWorker(Worker):
         def score(scorer):
             nonlocal rows
             rows, logprobs = score_rows(scorer, batch, rank=self.rank, world_size=self.world_size,
-                                        packed=actor.pack_sequences, temperature=actor.loss.temperature,
+                                        packed=self.packed, temperature=actor.loss.temperature,
                                         max_tokens=actor.max_tokens_per_mbs,
                                         rows_per_pass=self.inference.forward_micro_batch_size,
                                         device=self.device)

@@ -1,0 +1,187 @@
+"""Probes of what a warm start has taught, read on validation questions with one teacher-forced pass.
+
+Each validation question gets the scripted good search (the subject, then the bridge entity, then the gold
+answer), run once through the real agent loop and search server. A batched forward pass over those
+trajectories then reads three skills off the model's next-token distributions:
+
+- **query copy**: the first query (the subject's name and the closing tag, after the search tag) is the
+  model's argmax at every token: it copies the name out of the question;
+- **answer copy**: the answer turn is the argmax at every token, among questions whose gold answer is in the
+  retrieved passages: it reads the fact out of ``<information>``;
+- **P(search)**: the chance of opening the first turn with a search rather than an answer (greedy decoding
+  searches where it is above one half).
+
+A stage of the warm start trains until its goal over these readings holds (``StageGoal``).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from rlinf_search.data.io_struct import QARecord, Trajectory
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    """What the probes read off a model, each over the validation questions."""
+
+    query_copy: float
+    """Share of questions whose first query (name and closing tag) is the model's argmax at every token."""
+    answer_copy: float
+    """Share of questions with the gold answer in the passages whose answer turn is the argmax at every token."""
+    search_mean: float
+    """Mean first-turn chance of searching (against answering at once)."""
+    search_greedy: float
+    """Share of questions where that chance is above one half: greedy decoding searches there."""
+
+    def __str__(self) -> str:
+        return (f"query copy {self.query_copy:.2f}, answer copy {self.answer_copy:.2f}, "
+                f"P(search) mean {self.search_mean:.2f} ({self.search_greedy:.0%} above 1/2)")
+
+
+@dataclass(frozen=True)
+class TrajectoryScores:
+    """One teacher-forced pass over one scripted trajectory."""
+
+    answer_copied: bool
+    """Every token of the last model turn (the answer) is the model's argmax given what precedes it."""
+    query_logprob: float
+    """Summed log-prob of the first model turn's tokens after its first (the query and its closing tag)."""
+    query_copied: bool
+    """Each of those query tokens is the model's argmax given what precedes it."""
+    search_chance: float
+    """The chance of the search tag's deciding token against the answer tag's, at the first turn."""
+
+
+def decision_position(tokenizer) -> int:
+    """Index, in the first turn's ids, of the token that decides between searching and answering."""
+    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
+    return next(i for i, (a, b) in enumerate(zip(search, answer)) if a != b)
+
+
+def last_turn(response_mask: list[int]) -> torch.Tensor:
+    """The response positions of the last model turn (the last run of mask 1), as a bool mask."""
+    mask = torch.tensor(response_mask, dtype=torch.bool)
+    observations = (~mask).nonzero()
+    start = int(observations[-1]) + 1 if len(observations) else 0
+    last = torch.zeros_like(mask)
+    last[start:] = mask[start:]
+    return last
+
+
+def first_turn(response_mask: list[int]) -> torch.Tensor:
+    """The response positions of the first model turn (the first run of mask 1), as a bool mask."""
+    mask = torch.tensor(response_mask, dtype=torch.bool)
+    observations = (~mask).nonzero()
+    end = int(observations[0]) if len(observations) else len(mask)
+    first = torch.zeros_like(mask)
+    first[:end] = mask[:end]
+    return first
+
+
+@torch.no_grad()
+def score_trajectories(model, trajectories: list[Trajectory], tokenizer, *, batch_size: int = 32,
+                       pad_id: int = 0) -> list[TrajectoryScores]:
+    """Teacher-forced scores of scripted good searches (each starting with a search), ``batch_size`` rows a pass
+    (right-padded: a causal model's real tokens never see the padding after them)."""
+    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
+    decision = decision_position(tokenizer)
+    scores = []
+    for start in range(0, len(trajectories), batch_size):
+        chunk = trajectories[start: start + batch_size]
+        sequences = [t.prompt_ids + t.response_ids for t in chunk]
+        width = max(len(s) for s in sequences)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            attention[row, : len(seq)] = 1
+        logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), dim=-1)
+        predicted = logprobs.argmax(-1)
+        for row, traj in enumerate(chunk):
+            offset = len(traj.prompt_ids)
+            answer_at = last_turn(traj.response_mask).nonzero().flatten() + offset
+            query_at = first_turn(traj.response_mask).nonzero().flatten()[1:] + offset
+            tokens = ids[row]
+            decide = logprobs[row, offset + decision - 1, [search[decision], answer[decision]]].exp()
+            scores.append(TrajectoryScores(
+                answer_copied=bool((predicted[row, answer_at - 1] == tokens[answer_at]).all()),
+                query_logprob=float(logprobs[row, query_at - 1].gather(1, tokens[query_at][:, None]).sum()),
+                query_copied=bool((predicted[row, query_at - 1] == tokens[query_at]).all()),
+                search_chance=float(decide[0] / decide.sum())))
+    return scores
+
+
+def gold_in_passages(trajectory: Trajectory, record: QARecord, tokenizer) -> bool:
+    """Whether a gold answer appears in the response before its answer turn (the retrieved passages)."""
+    before = tokenizer.decode(trajectory.response_ids).split("<answer>")[0]
+    return any(gold in before for gold in record.golden_answers)
+
+
+class ProbeSet:
+    """Scripted good searches on validation questions, collected once, read against any model that shares
+    their tokenizer."""
+
+    def __init__(self, records: list[QARecord], trajectories: list[Trajectory], tokenizer):
+        if not trajectories:
+            raise ValueError("the warm-start probes need at least one validation question")
+        self.trajectories, self.tokenizer = trajectories, tokenizer
+        self.found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def read(self, model) -> ProbeReading:
+        was_training = model.training
+        model.eval()
+        scores = score_trajectories(model, self.trajectories, self.tokenizer, pad_id=self.pad_id)
+        model.train(was_training)
+        chances = [s.search_chance for s in scores]
+        answerable = [s for s, f in zip(scores, self.found) if f]
+        return ProbeReading(
+            query_copy=sum(s.query_copied for s in scores) / len(scores),
+            answer_copy=sum(s.answer_copied for s in answerable) / max(1, len(answerable)),
+            search_mean=sum(chances) / len(chances),
+            search_greedy=sum(c > 0.5 for c in chances) / len(chances))
+
+
+_COMPARE = {">=": operator.ge, "<=": operator.le}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One condition on a probe reading, such as ``answer_copy >= 0.8``."""
+
+    probe: str
+    """A field of ``ProbeReading``."""
+    op: str
+    """``>=`` or ``<=``."""
+    value: float
+    """The threshold."""
+
+    def __post_init__(self) -> None:
+        if self.probe not in ProbeReading.__dataclass_fields__:
+            raise ValueError(f"unknown probe {self.probe!r}; one of {', '.join(ProbeReading.__dataclass_fields__)}")
+        if self.op not in _COMPARE:
+            raise ValueError(f"unknown comparison {self.op!r}; one of {', '.join(_COMPARE)}")
+
+    def holds(self, reading: ProbeReading) -> bool:
+        return _COMPARE[self.op](getattr(reading, self.probe), self.value)
+
+    def __str__(self) -> str:
+        return f"{self.probe.replace('_', ' ')} {self.op} {self.value:g}"
+
+
+@dataclass(frozen=True)
+class StageGoal:
+    """What a warm-start stage is for: every bound holds on the validation questions."""
+
+    bounds: tuple[Bound, ...]
+    """All must hold."""
+
+    def met(self, reading: ProbeReading) -> bool:
+        return all(bound.holds(reading) for bound in self.bounds)
+
+    def __str__(self) -> str:
+        return ", ".join(str(bound) for bound in self.bounds)
