@@ -9,7 +9,8 @@ source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
 OUT="${DEMO_OUT:-outputs/demo}"
 RL_STEPS="${DEMO_RL_STEPS:-30}"
-READING_STEPS="${DEMO_READING_STEPS:-300}"  # warm start, first: language modelling, passages included
+INDUCTION_STEPS="${DEMO_INDUCTION_STEPS:-300}"  # warm start, first: copying random token sequences (induction heads)
+READING_STEPS="${DEMO_READING_STEPS:-300}"  # then language modelling on good searches, passages included
 SKILL_STEPS="${DEMO_SKILL_STEPS:-1000}"  # then good searches only, until the probes pass (at most this many)
 MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all
 EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
@@ -55,12 +56,12 @@ ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/server.addr" --ti
 echo "serving at $ADDR (log: $OUT/server.log)"
 
 step "5/8 supervised warm start on scripted trajectories, each stage until its probes pass on validation questions"
-# reading (fixed steps), then skill until the model copies the name into its query and the answer out of the
-# passage, then the behaviour mix (good searches, guesses, bad queries) until its chance of searching first is
-# in its band. A probe that cannot be reached within its stage's steps stops the demo here, with one line.
+# induction and reading (fixed steps), then skill until the model copies the name into its query and the answer
+# out of the passage, then the behaviour mix (good searches, guesses, bad queries), after which its chance of
+# searching first must be in its band. A goal not reached within its stage's steps stops the demo here, in one line.
 timed warm_start "$PY" -m toolkits.sft_warmstart --model "$OUT/model/base" --data "$OUT/data/train.prepared.jsonl" \
     --val-data "$OUT/data/val.prepared.jsonl" --server-addr "$ADDR" --out "$OUT/model/sft" --topk "$TOPK" \
-    --reading-steps "$READING_STEPS" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
+    --induction-steps "$INDUCTION_STEPS" --reading-steps "$READING_STEPS" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
 
 step "6/8 held-out test EM of the warm-started model (greedy)"
 timed eval_before "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/sft" \

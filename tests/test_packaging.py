@@ -21,7 +21,26 @@ def _faiss(requirements: list[str]) -> list[str]:
 
 def test_python_and_transformers_floors():
     assert PROJECT["requires-python"] == ">=3.11"  # asyncio.timeout in the search client
-    assert "transformers>=4.56" in PROJECT["dependencies"]  # from_pretrained(dtype=...)
+    assert "transformers>=4.56,<5.25" in PROJECT["dependencies"]  # from_pretrained(dtype=...); newest checked
+
+
+def test_the_lock_holds_the_releases_pyproject_allows():
+    """requirements/cpu-lock.txt is what setup installs: it must satisfy pyproject's ranges (or pip refuses), and
+    leave torch to the scripts' pin."""
+    from packaging.requirements import Requirement
+
+    locked = {}
+    for line in (ROOT / "requirements" / "cpu-lock.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            locked[name.lower().replace("_", "-")] = version
+    assert "torch" not in locked, "torch is pinned by scripts/setup_env.sh"
+    for spec in PROJECT["dependencies"]:
+        requirement = Requirement(spec)
+        name = requirement.name.lower().replace("_", "-")
+        if name != "torch":
+            assert name in locked, f"{name} is not in the lock"
+            assert requirement.specifier.contains(locked[name]), f"lock has {name}=={locked[name]}, pyproject {spec}"
 
 
 def test_each_install_path_names_one_faiss_build():

@@ -121,3 +121,20 @@ def test_warmup_then_constant_or_cosine():
     assert [round(warm(s), 3) for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
     cosine = lr_lambda(OptimConfig(lr=1.0, lr_decay_style="cosine", min_lr=0.1, total_steps=10))
     assert cosine(0) == 1.0 and abs(cosine(10) - 0.1) < 1e-9 and abs(cosine(5) - 0.55) < 1e-9
+
+
+def test_rows_are_packed_only_where_attention_has_a_packed_row_kernel(caplog):
+    """use_remove_padding packs rows for flash attention; sdpa and eager would attend over the whole packed
+    micro-batch (its length squared), so their rows stay padded, with one warning that says so."""
+    from types import SimpleNamespace
+
+    from rlinf_search.workers.actor.token_scoring import packs_rows
+
+    def model(implementation):
+        return SimpleNamespace(config=SimpleNamespace(_attn_implementation=implementation))
+
+    assert packs_rows(model("flash_attention_2"), True) and not packs_rows(model("flash_attention_2"), False)
+    with caplog.at_level("WARNING"):
+        assert not packs_rows(model("sdpa"), True)
+    assert "sdpa attention has no kernel for packed rows" in caplog.text
+    assert not packs_rows(model("eager"), False)

@@ -59,3 +59,58 @@ def test_memory_plan_counts_the_parameters_of_every_qwen_shape():
         assert plan_actor_memory(config, ranks=1, mbs_tokens=1).state == 16 * params, shape
     plan = plan_actor_memory(qwen_config("qwen2.5-3b"), ranks=8, mbs_tokens=8192, reference=True)
     assert 13.5 < plan.total / 2 ** 30 < 14.0  # docs/recipes.md: "about 14 GiB"
+
+
+def test_machine_info_names_the_cpu_the_kernels_and_the_releases(tmp_path):
+    """Every demo run records what it ran on: the vector extensions read off /proc/cpuinfo, the kernel set
+    PyTorch chose (ATEN_CPU_CAPABILITY moves it), and the releases of the libraries that change the numbers."""
+    import os
+    import subprocess
+    import sys
+
+    from toolkits.machine_info import cpu_flags
+
+    text = ("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n"
+            "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx avx2\n")
+    assert cpu_flags(text) == ("AMD EPYC 7B13", ["avx2", "avx512bw", "avx512f"])
+    assert cpu_flags("flags : sse2 avx") == ("unknown", [])
+    out = tmp_path / "machine.json"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    done = subprocess.run([sys.executable, "-m", "toolkits.machine_info", "--out", str(out)], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(out.read_text())
+    assert info["torch_cpu_capability"] == "DEFAULT" and info["aten_cpu_capability_env"] == "default"
+    assert info["releases"]["torch"] and info["releases"]["transformers"]
+    assert done.stdout.strip() == info["summary"] and "torch kernels: DEFAULT" in info["summary"]
+
+
+def test_demo_seeds_table_reads_each_run(tmp_path):
+    """scripts/demo_seeds.sh's table: a row per run with its kernels, EM, the probes at the end of the skill and
+    mix stages and minutes per stage, a failed run marked as failed, and the machine below."""
+    import subprocess
+    import sys
+
+    done_run, failed_run = tmp_path / "run1_seed0_native", tmp_path / "run2_seed0_avx2"
+    for run, capability in ((done_run, "AVX512"), (failed_run, "AVX2")):
+        (run / "model" / "sft").mkdir(parents=True)
+        (run / "machine.json").write_text(json.dumps({"torch_cpu_capability": capability,
+                                                      "summary": f"a CPU; torch kernels: {capability}"}))
+        (run / "seconds").write_text("600")
+        reading = {"query_copy": 0.9, "answer_copy": 0.95, "search_mean": 0.2, "search_greedy": 0.0}
+        stages = [{"name": "reading", "steps": 300, "seconds": 60, "readings": []},
+                  {"name": "skill", "steps": 700, "seconds": 240, "readings": [{"step": 700, **reading}]},
+                  {"name": "mix", "steps": 100, "seconds": 30, "readings": [{"step": 100, **reading}]}]
+        (run / "model" / "sft" / "sft_losses.json").write_text(json.dumps({"stages": stages}))
+        (run / "step_seconds.tsv").write_text("warm_start\t340\ngrpo\t180\n")
+    scores = {"em": 0.05, "searches": 0.0}
+    (done_run / "eval_results.json").write_text(json.dumps({"warm_start": scores,
+                                                            "after_rl": {"em": 0.45, "searches": 1.3}}))
+    done = subprocess.run([sys.executable, "examples/searchr1/demo_seeds_table.py", str(done_run), str(failed_run)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2] == ("| run1_seed0_native | 0 | AVX512 | 0.050 | 0.450 | +0.400 | 0.00 -> 1.30 | 0.90 / 0.95 (700) | "
+                        "0.20 / 0.95 | 1.0 + 4.0 + 0.5, 3.0, 10.0 |")
+    assert lines[3].startswith("| run2_seed0_avx2 | 0 | AVX2 | failed")
+    assert "Machine: a CPU; torch kernels: AVX512" in done.stdout and "torch kernels: AVX2" in done.stdout

@@ -143,7 +143,7 @@ def test_only_the_mix_stage_decides_how_often_to_search(synth_records, tiny_mode
     rng = random.Random(0)
     mixed = [_scripted(r, tokenizer, prompts, search=rng.random() < 0.4) for r in train]
     stages = [SFTStage("skill", good, 60, trains_decision=False), SFTStage("mix", mixed, 60)]
-    train_sft(model, tokenizer, stages, SFTConfig(batch_size=16, warmup_steps=5))
+    train_sft(model, tokenizer, stages, SFTConfig(batch_size=16, warmup_steps=5, lr=3e-3))
     chances = search_probabilities(model, tokenizer, probe)
     mean = sum(chances) / len(chances)
     assert 0.25 < mean < 0.55 and max(chances) < 0.65, (mean, max(chances))
@@ -338,3 +338,28 @@ def test_sft_loss_is_the_models_own_loss(synth_records, tiny_model_dir):
         ours = sft_loss(model, ids, attention, labels)
         theirs = model(input_ids=ids, attention_mask=attention, labels=labels).loss
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+
+
+def test_induction_sequences_repeat_passage_tokens_and_train_the_second_copy(synth_records, tiny_model_dir):
+    """The induction stage's rows: passage tokens (never a model-turn token), written twice, the second copy the only
+    trained part; the same seed gives the same rows."""
+    from transformers import AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+    from toolkits.sft_warmstart import induction_sequences
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = PromptTokenizer(tokenizer)
+    good = [_scripted(r, tokenizer, prompts, search=True) for r in synth_records[:20]]
+    passage_tokens = {tok for t in good for tok, m in zip(t.response_ids, t.response_mask) if not m}
+    rows = induction_sequences(good, 30, seed=4, min_length=8, max_length=12)
+    assert [r.response_ids for r in rows] == [r.response_ids for r in induction_sequences(good, 30, seed=4,
+                                                                                           min_length=8, max_length=12)]
+    for row in rows:
+        assert row.prompt_ids == row.response_ids and 8 <= len(row.response_ids) <= 12
+        assert set(row.response_ids) <= passage_tokens and row.response_mask == [1] * len(row.response_ids)
+    ids, _, labels = _batch(rows[:2], tokenizer.pad_token_id)
+    n = len(rows[0].prompt_ids)
+    assert (labels[0, :n] == -100).all() and labels[0, n: 2 * n].tolist() == rows[0].response_ids
+    with pytest.raises(ValueError, match="observation tokens"):
+        induction_sequences([rows[0]], 3)

@@ -88,8 +88,9 @@ class SFTConfig:
 
     batch_size: int = 16
     """Trajectories per step."""
-    lr: float = 3e-3
-    """AdamW learning rate (tiny models take large steps)."""
+    lr: float = 1e-3
+    """AdamW learning rate. At 3e-3 the skill stage stalled with one or two of the task's four kinds of fact
+    copied, on several seeds (docs/results.md); 1e-3 with the induction stage learned all four."""
     warmup_steps: int = 30
     """Linear warm-up; a tiny model at full lr from step 0 can diverge on the first batches."""
     seed: int = 0
@@ -110,6 +111,26 @@ async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: 
         return await loop.run(record)
 
     return list(await asyncio.gather(*(one(r, s) for r, s in zip(records, scripts))))
+
+
+def induction_sequences(trajectories: list[Trajectory], count: int, *, seed: int = 0, min_length: int = 16,
+                        max_length: int = 48) -> list[Trajectory]:
+    """``count`` sequences of tokens drawn at random from the passages' vocabulary, each written twice; the second
+    copy is the trained "model turn". The classic task on which small transformers grow induction heads (attend to
+    the token after the previous occurrence of the current one, copy it): the general copying a real LM brings to a
+    search task from pretraining. Reading facts out of passages is then copying what follows the words quoted
+    before them, which the tiny model otherwise learns relation by relation, one every few hundred steps."""
+    rng = random.Random(seed)
+    vocabulary = sorted({token for t in trajectories for token, model in zip(t.response_ids, t.response_mask)
+                         if not model})
+    if not vocabulary:
+        raise ValueError("induction sequences need trajectories with observation tokens")
+    sequences = []
+    for index in range(count):
+        tokens = [rng.choice(vocabulary) for _ in range(rng.randint(min_length, max_length))]
+        sequences.append(Trajectory(uid=f"induction-{index}", prompt_ids=tokens, response_ids=list(tokens),
+                                    response_mask=[1] * len(tokens), rollout_logprobs=[0.0] * len(tokens)))
+    return sequences
 
 
 def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
@@ -287,7 +308,7 @@ def goals(args) -> tuple[StageGoal | None, StageGoal | None]:
     low, high = args.search_band
     mix = StageGoal((Bound("search_mean", ">=", low), Bound("search_mean", "<=", high),
                      Bound("search_greedy", "<=", args.max_greedy_search),
-                     Bound("answer_copy", ">=", args.answer_copy_goal)))
+                     Bound("answer_copy", ">=", args.mix_answer_copy_floor)))
     return skill, mix
 
 
@@ -307,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-every", type=int, default=SFTStage.check_every, help="steps between probe readings")
     parser.add_argument("--query-copy-goal", type=float, default=0.85,
                         help="skill stage: share of validation questions whose first query is the subject's name")
-    parser.add_argument("--answer-copy-goal", type=float, default=0.5,
-                        help="skill and mix stages: share whose answer is copied out of the passages")
+    parser.add_argument("--answer-copy-goal", type=float, default=0.9,
+                        help="skill stage: share whose answer is copied out of the passage (0.9: every kind of fact; "
+                             "runs that stalled at 3e-3 copied one or two of the four kinds, 0.5 to 0.65)")
+    parser.add_argument("--mix-answer-copy-floor", type=float, default=0.8,
+                        help="mix stage: the answer copying it must keep while it mostly trains guesses")
     parser.add_argument("--search-band", type=float, nargs=2, default=(0.1, 0.4), metavar=("LOW", "HIGH"),
                         help="mix stage: the mean first-turn chance of searching must end inside this band")
     parser.add_argument("--max-greedy-search", type=float, default=0.05,
@@ -323,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--comprehension-steps", type=int, default=0,
                         help="then steps on the answer turn of good searches only (queries and passages masked): a "
                              "model that can answer from passages in front of it but was never shown what to search")
+    parser.add_argument("--induction-steps", type=int, default=0,
+                        help="first of all, steps of copying random token sequences written twice (induction heads: "
+                             "the general copying a pretrained LM has)")
     parser.add_argument("--reading-steps", type=int, default=300,
                         help="first, steps of language modelling on good trajectories, passages included")
     parser.add_argument("--skill-steps", type=int, default=400,
@@ -372,9 +399,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.monotonic() - started:.1f} s")
     probes = ProbeSet(val_records, probed, tokenizer) if val_records else None
     early = args.decision_in_every_stage
-    # The mix stage is read at its end only: it sets the search rate while its lr decays, and stopping it early
-    # would leave that rate to the batches seen so far.
-    stages = [SFTStage("corpus", good, args.corpus_steps, train_on_observations=True, trains_model_turns=False,
+    # The induction stage is read at its end only (the probes read the task, which it never shows). The mix stage
+    # too: it sets the search rate while its lr decays, and stopping it early would leave that rate to the batches
+    # seen so far.
+    stages = [SFTStage("induction", induction_sequences(good, 4000, seed=args.seed), args.induction_steps,
+                       check_every=max(1, args.induction_steps)),
+              SFTStage("corpus", good, args.corpus_steps, train_on_observations=True, trains_model_turns=False,
                        trains_decision=False, check_every=args.check_every),
               SFTStage("comprehension", good, args.comprehension_steps, trains_queries=False, trains_decision=False,
                        check_every=args.check_every),
