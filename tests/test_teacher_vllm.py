@@ -50,6 +50,11 @@ def vllm_teacher(tiny_model_dir, tmp_path_factory):
             time.sleep(2)
         else:
             pytest.fail(f"vllm serve not healthy in 600 s: {Path(log.name).read_text()[-3000:]}")
+        # The first request after start-up builds vLLM's CPU kernels (over 20 s on a loaded 2-core CI machine,
+        # beyond the client's deadline the tests use), so one untimed request warms it first.
+        warm = httpx.post(f"http://{address}/v1/completions", timeout=600,
+                          json={"model": "teacher", "prompt": "warm up", "max_tokens": 1, "echo": True, "logprobs": 1})
+        assert warm.status_code == 200, f"vllm serve's first completion failed: {warm.text[:500]}"
         yield address
     finally:
         process.terminate()

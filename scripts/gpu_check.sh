@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU checks, in one go, on a single-GPU machine that has torch and transformers but no network, vLLM or Ray
+# (the machine this project borrows for 15 minutes at a time). About 8 minutes; each step has its own timeout, so
+# one that hangs or fails leaves the others' results. Everything printed also goes to $OUT/gpu_check.log.
+#
+#   here:  bash scripts/gpu_wheels.sh                       # the wheels it carries (.whl/, ignored by git)
+#   there: bash scripts/gpu_check.sh                        # from the repository root, with .whl/ beside it
+#
+# Steps: the machine and versions; tests/test_gpu.py (FSDP2 bf16 update, packed vs padded rows through the GPU
+# attention kernels, 0.5B peak memory against toolkits.memory_plan); benchmarks/gpu_actor_step.py at the
+# Qwen2.5-3B shape (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py (the dtype of every matmul
+# of an FSDP2 and a Megatron update, forward and backward apart). Results go into docs/benchmarks.md section 7.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-outputs/gpu_check}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY="${PY:-python3}"
+
+step() {  # step NAME SECONDS COMMAND...: run one check under its own timeout, its output in the log
+    local name="$1" seconds="$2"
+    shift 2
+    echo "== $name (timeout ${seconds} s): $*" | tee -a "$LOG"
+    local started=$SECONDS
+    timeout --kill-after=10 "$seconds" "$@" 2>&1 | grep -v "warnings.warn\|UserWarning" | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    echo "== $name: exit $rc after $((SECONDS - started)) s" | tee -a "$LOG"
+}
+
+if ls .whl/*.whl > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu_check_site \
+        .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/gpu_check_site"
+fi
+step machine 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
+    $PY -c 'import sys, torch, transformers; print(sys.version.split()[0], \"torch\", torch.__version__, \
+\"cuda\", torch.version.cuda, \"transformers\", transformers.__version__)'; \
+    $PY -c 'import megatron.core, faiss, bm25s; print(\"megatron-core\", megatron.core.__version__)'"
+step test_gpu 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
+step gpu_actor_step 180 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b
+step matmul_dtypes 150 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends fsdp megatron
+echo "gpu_check: done; log in $LOG" | tee -a "$LOG"
