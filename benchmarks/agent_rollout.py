@@ -31,7 +31,8 @@ from rlinf_search.retrieval.launch import RetrievalServerProcess  # noqa: E402
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool  # noqa: E402
 from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine  # noqa: E402
 from toolkits.make_tiny_model import make_tiny_model  # noqa: E402
-from toolkits.sft_warmstart import SFTConfig, SFTStage, collect_trajectories, warm_start  # noqa: E402
+from toolkits.sft_training import SFTConfig, SFTStage  # noqa: E402
+from toolkits.sft_warmstart import collect_trajectories, warm_start  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "hotpotqa_100"
 

@@ -69,7 +69,11 @@ def observed_update(trainer, batch) -> dict[tuple[str, str], float]:
 
 def build(backend: str, model_dir: str, args):
     from rlinf_search.workers.actor.backends import build_trainer
-    from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+    from rlinf_search.workers.actor.config import (
+        ActorConfig,
+        OptimConfig,
+        PolicyLossConfig,
+    )
 
     megatron = None
     if backend == "megatron":

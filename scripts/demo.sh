@@ -9,7 +9,7 @@ source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
 OUT="${DEMO_OUT:-outputs/demo}"
 RL_STEPS="${DEMO_RL_STEPS:-30}"
-INDUCTION_STEPS="${DEMO_INDUCTION_STEPS:-300}"  # warm start, first: copying random token sequences (induction heads)
+INDUCTION_STEPS="${DEMO_INDUCTION_STEPS:-300}"  # warm start, first: copying random token sequences (docs/results.md)
 READING_STEPS="${DEMO_READING_STEPS:-300}"  # then language modelling on good searches, passages included
 SKILL_STEPS="${DEMO_SKILL_STEPS:-1000}"  # then good searches only, until the probes pass (at most this many)
 MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all

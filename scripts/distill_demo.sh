@@ -24,6 +24,8 @@ FORMAT_STEPS="${DISTILL_FORMAT_STEPS:-100}"  # behaviour-mix steps: the tags and
 TOP_K="${DISTILL_TOP_K:-8}"  # the distilled run fits the teacher's top k at every model token (docs/distill.md)
 EVAL_N="${DISTILL_EVAL_N:-300}"
 SEED="${DISTILL_SEED:-0}"
+TOPK=1  # passages per search, as in scripts/demo.sh and tiny-cpu.yaml (the teacher learned with one)
+STUDENT_LR=3e-3  # the student warm start's lr in the distillation results (the demo's warm start now uses 1e-3)
 TEACHER="${DISTILL_TEACHER:-$DEMO/rl/checkpoints/global_step_30/hf_model}"
 export HF_HUB_DISABLE_PROGRESS_BARS="${HF_HUB_DISABLE_PROGRESS_BARS:-1}"
 step() { printf '\n== %s\n' "$*"; }
@@ -50,14 +52,14 @@ echo "retrieval at $ADDR, teacher at $TEACHER_ADDR ($TEACHER)"
 step "2/7 student: the demo's untrained model, $CORPUS_STEPS steps on the corpus, $COMPREHENSION_STEPS on answers, then the format only ($FORMAT_STEPS steps)"
 "$PY" -m toolkits.sft_warmstart --model "$DEMO/model/base" --data "$DEMO/data/train.prepared.jsonl" \
     --server-addr "$ADDR" --out "$OUT/student" --corpus-steps "$CORPUS_STEPS" --comprehension-steps "$COMPREHENSION_STEPS" --reading-steps 0 --skill-steps 0 \
-    --mix-steps "$FORMAT_STEPS" \
+    --mix-steps "$FORMAT_STEPS" --topk "$TOPK" --lr "$STUDENT_LR" \
     --seed "$SEED"
 
 step "3/7 held-out test EM of the student and of the teacher (greedy)"
 for who in student teacher; do
     model="$OUT/student"; [ "$who" = teacher ] && model="$TEACHER"
     "$PY" -m rlinf_search.runners.eval_runner --model "$model" --data "$DEMO/data/test.prepared.jsonl" \
-        --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/$who" | tail -n 1
+        --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/$who" | tail -n 1
 done
 
 COMMON=(--config-name tiny-cpu-distill runner.max_steps="$STEPS" runner.resume_dir=null
@@ -76,8 +78,8 @@ rm -rf "$OUT/distill"
 step "6/7 held-out test EM after RL"
 for run in grpo distill; do
     "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/$run/checkpoints/global_step_$STEPS/hf_model" \
-        --data "$DEMO/data/test.prepared.jsonl" --server-addr "$ADDR" --max-new-tokens 64 --max-samples "$EVAL_N" \
-        --out "$OUT/eval/$run" | tail -n 1
+        --data "$DEMO/data/test.prepared.jsonl" --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 \
+        --max-samples "$EVAL_N" --out "$OUT/eval/$run" | tail -n 1
 done
 
 step "7/7 curves and summary"

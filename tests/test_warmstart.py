@@ -13,9 +13,21 @@ import pytest
 
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.data.prepare import prepare
-from rlinf_search.retrieval.launch import RetrievalServerProcess, ServerStartError, wait_for_address_file
+from rlinf_search.retrieval.launch import (
+    RetrievalServerProcess,
+    ServerStartError,
+    wait_for_address_file,
+)
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts, question_kind
-from toolkits.sft_warmstart import GoalNotReached, SFTConfig, SFTStage, _batch, search_probabilities, train_sft
+from toolkits.sft_training import (
+    GoalNotReached,
+    SFTConfig,
+    SFTStage,
+    sft_batch,
+    train_sft,
+)
+from toolkits.sft_warmstart import search_probabilities
+from toolkits.synth_task import SynthSpec, write_task
 from toolkits.warmstart_probes import (
     Bound,
     ProbeSet,
@@ -25,7 +37,6 @@ from toolkits.warmstart_probes import (
     last_turn,
     score_trajectories,
 )
-from toolkits.synth_task import SynthSpec, write_task
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +119,7 @@ def test_demo_summary_writes_the_comparison(tmp_path):
 
 def _scripted(record, tokenizer, prompts, *, search: bool) -> Trajectory:
     """A trajectory as the agent loop writes one: model turns trained on, the observation not."""
-    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
     if search:
         parts = [(encode(f"<search> {record.extra['subject']} </search>"), 1),
                  (encode(f"\n\n<information>Doc 1: {record.extra['subject']} ...</information>\n\n"), 0),
@@ -137,7 +148,7 @@ def test_only_the_mix_stage_decides_how_often_to_search(synth_records, tiny_mode
     train, probe = synth_records[:200], synth_records[200:260]
     position = decision_position(tokenizer)
     good = [_scripted(r, tokenizer, prompts, search=True) for r in train]
-    ids, _, labels = _batch(good[:2], tokenizer.pad_token_id, untrained_position=position)
+    ids, _, labels = sft_batch(good[:2], tokenizer.pad_token_id, untrained_position=position)
     first = len(good[0].prompt_ids) + position
     assert labels[0, first] == -100 and labels[0, first + 1] == ids[0, first + 1], "only the decision is left out"
     rng = random.Random(0)
@@ -162,10 +173,10 @@ def test_the_corpus_stage_trains_on_passages_alone(synth_records, tiny_model_dir
     traj = _scripted(synth_records[0], tokenizer, PromptTokenizer(tokenizer), search=True)
     start, end = len(traj.prompt_ids), len(traj.prompt_ids) + len(traj.response_ids)
     mask = torch.tensor(traj.response_mask, dtype=torch.bool)
-    _, _, corpus = _batch([traj], tokenizer.pad_token_id, train_on_observations=True, trains_model_turns=False)
-    _, _, reading = _batch([traj], tokenizer.pad_token_id, train_on_observations=True)
-    _, _, skill = _batch([traj], tokenizer.pad_token_id)
-    trained = lambda labels: (labels[0, start:end] != -100)  # noqa: E731
+    _, _, corpus = sft_batch([traj], tokenizer.pad_token_id, train_on_observations=True, trains_model_turns=False)
+    _, _, reading = sft_batch([traj], tokenizer.pad_token_id, train_on_observations=True)
+    _, _, skill = sft_batch([traj], tokenizer.pad_token_id)
+    trained = lambda labels: (labels[0, start:end] != -100)
     assert trained(corpus).tolist() == (~mask).tolist() and bool(trained(corpus).any())
     assert trained(reading).all() and trained(skill).tolist() == mask.tolist()
     assert (corpus[0, :start] == -100).all(), "the prompt is never trained on"
@@ -183,7 +194,7 @@ def test_the_comprehension_stage_trains_on_the_answer_turn_alone(synth_records, 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     traj = _scripted(synth_records[0], tokenizer, PromptTokenizer(tokenizer), search=True)
     start = len(traj.prompt_ids)
-    _, _, labels = _batch([traj], tokenizer.pad_token_id, trains_queries=False)
+    _, _, labels = sft_batch([traj], tokenizer.pad_token_id, trains_queries=False)
     trained = labels[0, start:start + len(traj.response_ids)] != -100
     answer_at = max(i for i, m in enumerate(traj.response_mask) if m == 0) + 1
     assert trained.tolist() == [i >= answer_at for i in range(len(traj.response_ids))]
@@ -327,13 +338,13 @@ def test_sft_loss_is_the_models_own_loss(synth_records, tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlinf_search.data.prompt_tokens import PromptTokenizer
-    from toolkits.sft_warmstart import sft_loss
+    from toolkits.sft_training import sft_loss
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     prompts = PromptTokenizer(tokenizer)
     rows = [_scripted(r, tokenizer, prompts, search=i % 2 == 0) for i, r in enumerate(synth_records[:6])]
-    ids, attention, labels = _batch(rows, tokenizer.pad_token_id)
+    ids, attention, labels = sft_batch(rows, tokenizer.pad_token_id)
     with torch.no_grad():
         ours = sft_loss(model, ids, attention, labels)
         theirs = model(input_ids=ids, attention_mask=attention, labels=labels).loss
@@ -346,7 +357,7 @@ def test_induction_sequences_repeat_passage_tokens_and_train_the_second_copy(syn
     from transformers import AutoTokenizer
 
     from rlinf_search.data.prompt_tokens import PromptTokenizer
-    from toolkits.sft_warmstart import induction_sequences
+    from toolkits.sft_training import induction_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = PromptTokenizer(tokenizer)
@@ -358,7 +369,7 @@ def test_induction_sequences_repeat_passage_tokens_and_train_the_second_copy(syn
     for row in rows:
         assert row.prompt_ids == row.response_ids and 8 <= len(row.response_ids) <= 12
         assert set(row.response_ids) <= passage_tokens and row.response_mask == [1] * len(row.response_ids)
-    ids, _, labels = _batch(rows[:2], tokenizer.pad_token_id)
+    ids, _, labels = sft_batch(rows[:2], tokenizer.pad_token_id)
     n = len(rows[0].prompt_ids)
     assert (labels[0, :n] == -100).all() and labels[0, n: 2 * n].tolist() == rows[0].response_ids
     with pytest.raises(ValueError, match="observation tokens"):

@@ -19,85 +19,30 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prompt_tokens import PromptTokenizer
-from rlinf_search.progress import progress
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
-from toolkits.warmstart_probes import (
-    Bound,
-    ProbeReading,
-    ProbeSet,
-    StageGoal,
-    decision_position,
-    last_turn,
+from toolkits.sft_training import (
+    GoalNotReached,
+    SFTConfig,
+    SFTStage,
+    WarmStartLog,
+    induction_sequences,
+    train_sft,
 )
+from toolkits.warmstart_probes import Bound, ProbeSet, StageGoal, decision_position
 
 # (record, rng) -> the model turns of one scripted trajectory
 ScriptFn = Callable[[QARecord, random.Random], list[str]]
-
-
-@dataclass(frozen=True)
-class SFTStage:
-    """One phase of the warm start: ``steps`` optimizer steps on batches drawn from ``trajectories``."""
-
-    name: str
-    """Shown on the progress bar (``skill``, ``mix``)."""
-    trajectories: list[Trajectory]
-    """The scripted trajectories of this phase."""
-    steps: int
-    """Optimizer steps in this phase; with a ``goal``, the most it may take."""
-    goal: StageGoal | None = None
-    """Trains until this holds on the validation probes (read every ``check_every`` steps), then the next stage
-    starts; not reached in ``steps`` stops the warm start (``GoalNotReached``). None: exactly ``steps`` steps."""
-    check_every: int = 50
-    """Steps between two probe readings (each is one forward pass over the validation questions); with probes
-    given, a stage without a goal is read too, and runs its ``steps`` regardless."""
-    train_on_observations: bool = False
-    """Also train on observation tokens (the retrieved passages). Only for a first "reading" stage:
-    a real LM has read Wikipedia before it learns to search it, and passages that repeat each name
-    are where a tiny model learns to copy; the later stages mask observations, as RL does."""
-    trains_decision: bool = True
-    """Train on the first turn's decision token (where ``<search>`` and ``<answer>`` part). Only the
-    behaviour-mix stage should: stages of good searches alone would push the chance of searching toward
-    1, and whether the short mix stage then pulled it under one half (greedy guesses) or not (greedy
-    searches) was decided by rounding noise, so the warm start's EM swung between machines (issue 12).
-    With the earlier stages blind to it, the mix stage sets that chance to its share of searches."""
-    trains_model_turns: bool = True
-    """Train on the model's turns. False with ``train_on_observations``: language modelling on the retrieved
-    passages alone, the stand-in for a pretrained LM that has read the corpus but never seen the task
-    (the distillation benchmark's student, which must not learn the skill from the warm start)."""
-    trains_queries: bool = True
-    """Train on every model turn. False: on the last one only, the answer written after the passages, with the
-    queries masked: reading comprehension, which a pretrained LM brings to the task, without what to search
-    for (the distillation benchmark's student: it can copy a fact in front of it, but was never shown a query)."""
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """Warm-start optimisation settings (shared by all stages: one optimizer, one lr schedule)."""
-
-    batch_size: int = 16
-    """Trajectories per step."""
-    lr: float = 1e-3
-    """AdamW learning rate. At 3e-3 the skill stage stalled with one or two of the task's four kinds of fact
-    copied, on several seeds (docs/results.md); 1e-3 with the induction stage learned all four."""
-    warmup_steps: int = 30
-    """Linear warm-up; a tiny model at full lr from step 0 can diverge on the first batches."""
-    seed: int = 0
-    """Seed for trajectory order."""
-    final_stage_decay: float = 0.9
-    """Over the last stage the lr falls linearly by this fraction of itself (0: constant). That stage sets
-    how often the model searches; at full lr its last few batches' share of searches would set it."""
 
 
 async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: SearchTool, tokenizer,
@@ -111,150 +56,6 @@ async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: 
         return await loop.run(record)
 
     return list(await asyncio.gather(*(one(r, s) for r, s in zip(records, scripts))))
-
-
-def induction_sequences(trajectories: list[Trajectory], count: int, *, seed: int = 0, min_length: int = 16,
-                        max_length: int = 48) -> list[Trajectory]:
-    """``count`` sequences of tokens drawn at random from the passages' vocabulary, each written twice; the second
-    copy is the trained "model turn". The classic task on which small transformers grow induction heads (attend to
-    the token after the previous occurrence of the current one, copy it): the general copying a real LM brings to a
-    search task from pretraining. Reading facts out of passages is then copying what follows the words quoted
-    before them, which the tiny model otherwise learns relation by relation, one every few hundred steps."""
-    rng = random.Random(seed)
-    vocabulary = sorted({token for t in trajectories for token, model in zip(t.response_ids, t.response_mask)
-                         if not model})
-    if not vocabulary:
-        raise ValueError("induction sequences need trajectories with observation tokens")
-    sequences = []
-    for index in range(count):
-        tokens = [rng.choice(vocabulary) for _ in range(rng.randint(min_length, max_length))]
-        sequences.append(Trajectory(uid=f"induction-{index}", prompt_ids=tokens, response_ids=list(tokens),
-                                    response_mask=[1] * len(tokens), rollout_logprobs=[0.0] * len(tokens)))
-    return sequences
-
-
-def _batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
-           trains_model_turns: bool = True, trains_queries: bool = True,
-           untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Padded ids, attention and labels; ``untrained_position``: a response position left out of the loss."""
-    sequences = [t.prompt_ids + t.response_ids for t in trajectories]
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for row, (traj, seq) in enumerate(zip(trajectories, sequences)):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        model_turn = torch.tensor(traj.response_mask, dtype=torch.bool)
-        trained_turns = model_turn if trains_queries else last_turn(traj.response_mask)
-        trained = (trained_turns & trains_model_turns) | (~model_turn & train_on_observations)
-        if untrained_position is not None and untrained_position < len(trained):
-            trained[untrained_position] = False
-        response = torch.tensor(traj.response_ids)
-        labels[row, len(traj.prompt_ids): len(seq)] = torch.where(trained, response, torch.tensor(-100))
-    return ids, attention, labels
-
-
-class GoalNotReached(RuntimeError):
-    """A warm-start stage took its most steps and its goal still did not hold on the validation probes."""
-
-    def __init__(self, stage: SFTStage, reading: ProbeReading):
-        super().__init__(f"warm start: stage {stage.name!r} did not reach its goal ({stage.goal}) in {stage.steps} "
-                         f"steps; on the validation questions: {reading}. Raise its step cap or try another --seed")
-        self.stage, self.reading = stage, reading
-
-
-@dataclass
-class StageRecord:
-    """How one stage went."""
-
-    name: str
-    """The stage's name."""
-    steps: int
-    """Optimizer steps it took."""
-    seconds: float
-    """Wall time, probe readings included."""
-    readings: list[tuple[int, ProbeReading]]
-    """(steps into the stage, reading) at every probe check; empty without probes."""
-
-
-@dataclass
-class WarmStartLog:
-    """What ``train_sft`` did."""
-
-    losses: list[float]
-    """Training loss at every step, all stages in order."""
-    stages: list[StageRecord]
-    """One per stage that ran (stages with 0 steps are skipped)."""
-
-
-def sft_loss(model, ids: torch.Tensor, attention: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the labelled positions. The LM head runs on those positions alone: in
-    the stages that mask the passages, fewer than one position in ten is labelled."""
-    head = model.get_output_embeddings()
-    body = getattr(model, "base_model", model)
-    if head is None or body is model:  # no separate head to call: the model computes its own loss
-        return model(input_ids=ids, attention_mask=attention, labels=labels).loss
-    hidden = body(input_ids=ids, attention_mask=attention).last_hidden_state
-    targets = labels[:, 1:]
-    labelled = targets != -100
-    return torch.nn.functional.cross_entropy(head(hidden[:, :-1][labelled]).float(), targets[labelled])
-
-
-def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probes: ProbeSet | None = None,
-              *, report: Callable[[str], None] = print) -> WarmStartLog:
-    """Cross-entropy on the trained tokens, stage after stage; a stage with a goal stops as soon as the probes
-    show it (``report`` gets a line per reading) and raises ``GoalNotReached`` at its step cap."""
-    for stage in stages:
-        if stage.steps and not stage.trajectories:
-            raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
-        if stage.goal is not None and probes is None:
-            raise ValueError(f"warm-start stage {stage.name!r} has a goal but no probes were given")
-    rng = random.Random(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    model.train()
-    log = WarmStartLog(losses=[], stages=[])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    decision = decision_position(tokenizer)
-    running = [stage for stage in stages if stage.steps > 0]
-    for stage in running:
-        record = StageRecord(stage.name, 0, 0.0, [])
-        started = time.monotonic()
-        final = stage is running[-1]
-        for step in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
-            # Warm up, hold, and over the last stage fall linearly (that stage sets how often the model
-            # searches; at full lr its last few batches' share of searches would set it).
-            lr = config.lr * min(1.0, (len(log.losses) + 1) / max(1, config.warmup_steps))
-            if final:
-                lr *= 1.0 - config.final_stage_decay * step / stage.steps
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
-            ids, attention, labels = _batch(batch, pad_id, train_on_observations=stage.train_on_observations,
-                                            trains_model_turns=stage.trains_model_turns,
-                                            trains_queries=stage.trains_queries,
-                                            untrained_position=None if stage.trains_decision else decision)
-            loss = sft_loss(model, ids, attention, labels)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            log.losses.append(loss.item())
-            record.steps = step + 1
-            bar.set_postfix(loss=f"{log.losses[-1]:.3f}")
-            if probes is not None and (record.steps % stage.check_every == 0 or record.steps == stage.steps):
-                reading = probes.read(model)
-                record.readings.append((record.steps, reading))
-                met = stage.goal is not None and stage.goal.met(reading)
-                report(f"sft {stage.name} step {record.steps}: {reading}" + (" (goal met)" if met else ""))
-                if met:
-                    break
-        record.seconds = time.monotonic() - started
-        log.stages.append(record)
-        if stage.goal is not None and not stage.goal.met(record.readings[-1][1]):
-            raise GoalNotReached(stage, record.readings[-1][1])
-    model.eval()
-    return log
 
 
 @torch.no_grad()
@@ -348,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="then steps on the answer turn of good searches only (queries and passages masked): a "
                              "model that can answer from passages in front of it but was never shown what to search")
     parser.add_argument("--induction-steps", type=int, default=0,
-                        help="first of all, steps of copying random token sequences written twice (induction heads: "
-                             "the general copying a pretrained LM has)")
+                        help="first of all, steps of copying random token sequences written twice (helps the later "
+                             "stages learn to copy on the seeds measured; docs/results.md)")
     parser.add_argument("--reading-steps", type=int, default=300,
                         help="first, steps of language modelling on good trajectories, passages included")
     parser.add_argument("--skill-steps", type=int, default=400,

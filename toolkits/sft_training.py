@@ -1,0 +1,224 @@
+"""The warm start's training: stages of scripted trajectories, the loss on their trained tokens, and the loop that
+runs each stage until its probe goal holds on validation questions (``toolkits/warmstart_probes.py``).
+
+``toolkits/sft_warmstart.py`` collects the trajectories through the real agent loop and search server and calls
+``train_sft``; the benchmarks and tests call it on trajectories of their own.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlinf_search.data.io_struct import Trajectory
+from rlinf_search.progress import progress
+from toolkits.warmstart_probes import (
+    ProbeReading,
+    ProbeSet,
+    StageGoal,
+    decision_position,
+    last_turn,
+)
+
+
+@dataclass(frozen=True)
+class SFTStage:
+    """One phase of the warm start: ``steps`` optimizer steps on batches drawn from ``trajectories``."""
+
+    name: str
+    """Shown on the progress bar (``skill``, ``mix``)."""
+    trajectories: list[Trajectory]
+    """The scripted trajectories of this phase."""
+    steps: int
+    """Optimizer steps in this phase; with a ``goal``, the most it may take."""
+    goal: StageGoal | None = None
+    """Trains until this holds on the validation probes (read every ``check_every`` steps), then the next stage
+    starts; not reached in ``steps`` stops the warm start (``GoalNotReached``). None: exactly ``steps`` steps."""
+    check_every: int = 50
+    """Steps between two probe readings (each is one forward pass over the validation questions); with probes
+    given, a stage without a goal is read too, and runs its ``steps`` regardless."""
+    train_on_observations: bool = False
+    """Also train on observation tokens (the retrieved passages). Only for a first "reading" stage:
+    a real LM has read Wikipedia before it learns to search it, and passages that repeat each name
+    are where a tiny model learns to copy; the later stages mask observations, as RL does."""
+    trains_decision: bool = True
+    """Train on the first turn's decision token (where ``<search>`` and ``<answer>`` part). Only the
+    behaviour-mix stage should: stages of good searches alone would push the chance of searching toward
+    1, and whether the short mix stage then pulled it under one half (greedy guesses) or not (greedy
+    searches) was decided by rounding noise, so the warm start's EM swung between machines (issue 12).
+    With the earlier stages blind to it, the mix stage sets that chance to its share of searches."""
+    trains_model_turns: bool = True
+    """Train on the model's turns. False with ``train_on_observations``: language modelling on the retrieved
+    passages alone, the stand-in for a pretrained LM that has read the corpus but never seen the task
+    (the distillation benchmark's student, which must not learn the skill from the warm start)."""
+    trains_queries: bool = True
+    """Train on every model turn. False: on the last one only, the answer written after the passages, with the
+    queries masked: reading comprehension, which a pretrained LM brings to the task, without what to search
+    for (the distillation benchmark's student: it can copy a fact in front of it, but was never shown a query)."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Warm-start optimisation settings (shared by all stages: one optimizer, one lr schedule)."""
+
+    batch_size: int = 16
+    """Trajectories per step."""
+    lr: float = 1e-3
+    """AdamW learning rate. At 3e-3 the skill stage stalled with one or two of the task's four kinds of fact
+    copied, on several seeds (docs/results.md); 1e-3 with the induction stage learned all four."""
+    warmup_steps: int = 30
+    """Linear warm-up; a tiny model at full lr from step 0 can diverge on the first batches."""
+    seed: int = 0
+    """Seed for trajectory order."""
+    final_stage_decay: float = 0.9
+    """Over the last stage the lr falls linearly by this fraction of itself (0: constant). That stage sets
+    how often the model searches; at full lr its last few batches' share of searches would set it."""
+
+
+def induction_sequences(trajectories: list[Trajectory], count: int, *, seed: int = 0, min_length: int = 16,
+                        max_length: int = 48) -> list[Trajectory]:
+    """``count`` sequences of tokens drawn at random from the passages' vocabulary, each written twice; the second
+    copy is the trained "model turn": a copying task with no facts in it, after the induction-head task of small
+    transformer studies. Why it helps here is not established. In 300 steps its own loss falls only from about 6.3
+    to 6.1 (the copy is not learned), yet with it before the reading stage, at lr 1e-3, seed 1's skill stage copied
+    answers on 0.98 of validation questions after 200 steps, against 0.59 after 1,200 steps without it
+    (docs/results.md); it may only warm the attention up on passage tokens. Measured, not explained."""
+    rng = random.Random(seed)
+    vocabulary = sorted({token for t in trajectories for token, model in zip(t.response_ids, t.response_mask)
+                         if not model})
+    if not vocabulary:
+        raise ValueError("induction sequences need trajectories with observation tokens")
+    sequences = []
+    for index in range(count):
+        tokens = [rng.choice(vocabulary) for _ in range(rng.randint(min_length, max_length))]
+        sequences.append(Trajectory(uid=f"induction-{index}", prompt_ids=tokens, response_ids=list(tokens),
+                                    response_mask=[1] * len(tokens), rollout_logprobs=[0.0] * len(tokens)))
+    return sequences
+
+
+def sft_batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observations: bool = False,
+           trains_model_turns: bool = True, trains_queries: bool = True,
+           untrained_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded ids, attention and labels; ``untrained_position``: a response position left out of the loss."""
+    sequences = [t.prompt_ids + t.response_ids for t in trajectories]
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for row, (traj, seq) in enumerate(zip(trajectories, sequences)):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+        model_turn = torch.tensor(traj.response_mask, dtype=torch.bool)
+        trained_turns = model_turn if trains_queries else last_turn(traj.response_mask)
+        trained = (trained_turns & trains_model_turns) | (~model_turn & train_on_observations)
+        if untrained_position is not None and untrained_position < len(trained):
+            trained[untrained_position] = False
+        response = torch.tensor(traj.response_ids)
+        labels[row, len(traj.prompt_ids): len(seq)] = torch.where(trained, response, torch.tensor(-100))
+    return ids, attention, labels
+
+
+class GoalNotReached(RuntimeError):
+    """A warm-start stage took its most steps and its goal still did not hold on the validation probes."""
+
+    def __init__(self, stage: SFTStage, reading: ProbeReading):
+        super().__init__(f"warm start: stage {stage.name!r} did not reach its goal ({stage.goal}) in {stage.steps} "
+                         f"steps; on the validation questions: {reading}. Raise its step cap or try another --seed")
+        self.stage, self.reading = stage, reading
+
+
+@dataclass
+class StageRecord:
+    """How one stage went."""
+
+    name: str
+    """The stage's name."""
+    steps: int
+    """Optimizer steps it took."""
+    seconds: float
+    """Wall time, probe readings included."""
+    readings: list[tuple[int, ProbeReading]]
+    """(steps into the stage, reading) at every probe check; empty without probes."""
+
+
+@dataclass
+class WarmStartLog:
+    """What ``train_sft`` did."""
+
+    losses: list[float]
+    """Training loss at every step, all stages in order."""
+    stages: list[StageRecord]
+    """One per stage that ran (stages with 0 steps are skipped)."""
+
+
+def sft_loss(model, ids: torch.Tensor, attention: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled positions. The LM head runs on those positions alone: in
+    the stages that mask the passages, fewer than one position in ten is labelled."""
+    head = model.get_output_embeddings()
+    body = getattr(model, "base_model", model)
+    if head is None or body is model:  # no separate head to call: the model computes its own loss
+        return model(input_ids=ids, attention_mask=attention, labels=labels).loss
+    hidden = body(input_ids=ids, attention_mask=attention).last_hidden_state
+    targets = labels[:, 1:]
+    labelled = targets != -100
+    return torch.nn.functional.cross_entropy(head(hidden[:, :-1][labelled]).float(), targets[labelled])
+
+
+def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probes: ProbeSet | None = None,
+              *, report: Callable[[str], None] = print) -> WarmStartLog:
+    """Cross-entropy on the trained tokens, stage after stage; a stage with a goal stops as soon as the probes
+    show it (``report`` gets a line per reading) and raises ``GoalNotReached`` at its step cap."""
+    for stage in stages:
+        if stage.steps and not stage.trajectories:
+            raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
+        if stage.goal is not None and probes is None:
+            raise ValueError(f"warm-start stage {stage.name!r} has a goal but no probes were given")
+    rng = random.Random(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    model.train()
+    log = WarmStartLog(losses=[], stages=[])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    decision = decision_position(tokenizer)
+    running = [stage for stage in stages if stage.steps > 0]
+    for stage in running:
+        record = StageRecord(stage.name, 0, 0.0, [])
+        started = time.monotonic()
+        final = stage is running[-1]
+        for step in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
+            # Warm up, hold, and over the last stage fall linearly (that stage sets how often the model
+            # searches; at full lr its last few batches' share of searches would set it).
+            lr = config.lr * min(1.0, (len(log.losses) + 1) / max(1, config.warmup_steps))
+            if final:
+                lr *= 1.0 - config.final_stage_decay * step / stage.steps
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
+            ids, attention, labels = sft_batch(batch, pad_id, train_on_observations=stage.train_on_observations,
+                                               trains_model_turns=stage.trains_model_turns,
+                                            trains_queries=stage.trains_queries,
+                                            untrained_position=None if stage.trains_decision else decision)
+            loss = sft_loss(model, ids, attention, labels)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            log.losses.append(loss.item())
+            record.steps = step + 1
+            bar.set_postfix(loss=f"{log.losses[-1]:.3f}")
+            if probes is not None and (record.steps % stage.check_every == 0 or record.steps == stage.steps):
+                reading = probes.read(model)
+                record.readings.append((record.steps, reading))
+                met = stage.goal is not None and stage.goal.met(reading)
+                report(f"sft {stage.name} step {record.steps}: {reading}" + (" (goal met)" if met else ""))
+                if met:
+                    break
+        record.seconds = time.monotonic() - started
+        log.stages.append(record)
+        if stage.goal is not None and not stage.goal.met(record.readings[-1][1]):
+            raise GoalNotReached(stage, record.readings[-1][1])
+    model.eval()
+    return log
