@@ -55,6 +55,7 @@ def test_hnsw_index_type(tmp_path, example_corpus):
     assert index.ntotal == 10 and index.metric_type == faiss.METRIC_INNER_PRODUCT
 
 
+@pytest.mark.heavy  # over a minute on 2 cores; CI runs it (scripts/test.sh --all)
 def test_killed_dense_build_resumes_where_it_stopped(tmp_path):
     corpus_path = tmp_path / "corpus.jsonl"
     with open(HOTPOT_DIR / "corpus.jsonl") as src:

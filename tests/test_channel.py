@@ -64,6 +64,7 @@ def sync_clients(cluster):
     group.shutdown()
 
 
+@pytest.mark.heavy  # over a minute on 2 cores; CI runs it (scripts/test.sh --all)
 def test_fifo_per_producer_with_concurrent_producers_and_consumers(cluster, sync_clients):
     channel = Channel.create("fifo")
     consumers = SyncClient.create_group().launch(cluster, "3,0", name="consumers")

@@ -255,6 +255,7 @@ def _train(cfg, path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.heavy  # over a minute on 2 cores; CI runs it (scripts/test.sh --all)
 def test_gae_run_trains_the_critic_and_resumes_it(tmp_path, synth_server, tiny_model_dir):
     synth, server = synth_server
     cfg = OmegaConf.load(TINY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from rlinf_search.checkpoint import latest_checkpoint
@@ -49,6 +50,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_p
     assert second["distill/scored_token_fraction"] == 1.0 and abs(second["distill/reverse_kl"]) > 1e-6
 
 
+@pytest.mark.heavy  # over a minute on 2 cores; CI runs it (scripts/test.sh --all)
 def test_a_teacher_that_stays_down_stops_the_run_in_one_line_after_its_window(tmp_path, synth, server,  # noqa: F811
                                                                                tiny_model_dir):
     cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, "http://127.0.0.1:9/v1",

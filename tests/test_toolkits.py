@@ -98,7 +98,8 @@ def test_demo_seeds_table_reads_each_run(tmp_path):
                                                       "summary": f"a CPU; torch kernels: {capability}"}))
         (run / "seconds").write_text("600")
         reading = {"query_copy": 0.9, "answer_copy": 0.95, "search_mean": 0.2, "search_greedy": 0.0}
-        stages = [{"name": "reading", "steps": 300, "seconds": 60, "readings": []},
+        stages = [{"name": "induction", "steps": 300, "seconds": 30, "readings": []},
+                  {"name": "reading", "steps": 300, "seconds": 60, "readings": []},
                   {"name": "skill", "steps": 700, "seconds": 240, "readings": [{"step": 700, **reading}]},
                   {"name": "mix", "steps": 100, "seconds": 30, "readings": [{"step": 100, **reading}]}]
         (run / "model" / "sft" / "sft_losses.json").write_text(json.dumps({"stages": stages}))
@@ -111,6 +112,6 @@ def test_demo_seeds_table_reads_each_run(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[2] == ("| run1_seed0_native | 0 | AVX512 | 0.050 | 0.450 | +0.400 | 0.00 -> 1.30 | 0.90 / 0.95 (700) | "
-                        "0.20 / 0.95 | 1.0 + 4.0 + 0.5, 3.0, 10.0 |")
+                        "0.20 / 0.95 | 0.5 + 1.0 + 4.0 + 0.5, 3.0, 10.0 |")
     assert lines[3].startswith("| run2_seed0_avx2 | 0 | AVX2 | failed")
     assert "Machine: a CPU; torch kernels: AVX512" in done.stdout and "torch kernels: AVX2" in done.stdout

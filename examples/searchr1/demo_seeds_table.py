@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HEADER = ("| run | seed | kernels | warm-start EM | after-RL EM | gain | searches | skill end: query / answer copy "
-          "(steps) | mix end: P(search) / answer copy | minutes: reading + skill + mix, GRPO, total |")
+          "(steps) | mix end: P(search) / answer copy | minutes: induction + reading + skill + mix, GRPO, total |")
 
 
 def _json(path: Path) -> dict | None:
@@ -35,7 +35,8 @@ def _warm_start(run: Path) -> tuple[str, str, str]:
     if mix and mix["readings"]:
         last = mix["readings"][-1]
         mix_end = f"{last['search_mean']:.2f} / {last['answer_copy']:.2f}"
-    minutes = " + ".join(f"{stages[name]['seconds'] / 60:.1f}" for name in ("reading", "skill", "mix") if name in stages)
+    minutes = " + ".join(f"{stages[name]['seconds'] / 60:.1f}" for name in ("induction", "reading", "skill", "mix")
+                         if name in stages)
     return skill_end, mix_end, minutes
 
 
