@@ -64,7 +64,8 @@ def sync_clients(cluster):
     group.shutdown()
 
 
-@pytest.mark.heavy  # over a minute on 2 cores; CI runs it (scripts/test.sh --all)
+# First in this module, so the module's cluster starts Ray with the test modules on its workers' import path before
+# any test below touches Ray (a Ray started implicitly by a Channel has no such path, and later modules reuse it).
 def test_fifo_per_producer_with_concurrent_producers_and_consumers(cluster, sync_clients):
     channel = Channel.create("fifo")
     consumers = SyncClient.create_group().launch(cluster, "3,0", name="consumers")

@@ -189,9 +189,9 @@ def _batches(run_dir: Path) -> dict[int, dict]:
     return {row["step"]: row for row in rows}
 
 
-# The pipelined case is over two minutes on 2 cores: CI runs it in the heavy lane (scripts/test.sh --all).
-@pytest.mark.parametrize("placement, killed_after",
-                         [(None, 2), pytest.param(PIPELINED, 1, marks=pytest.mark.heavy)], ids=["collocated", "pipelined"])
+# Two to three minutes each on 2 cores: CI runs them in the heavy lane (scripts/test.sh --all).
+@pytest.mark.heavy
+@pytest.mark.parametrize("placement, killed_after", [(None, 2), (PIPELINED, 1)], ids=["collocated", "pipelined"])
 def test_killed_run_resumes_exactly(tmp_path, synth, server, tiny_model_dir, placement, killed_after):
     """Killed after a checkpoint, the resumed run repeats nothing, loses nothing, and samples the very
     tokens the uninterrupted run sampled. Pipelined, the kill comes after step 1, so step 2 trains on
