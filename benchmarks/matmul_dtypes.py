@@ -19,6 +19,7 @@ import argparse
 import sys
 import tempfile
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 
@@ -65,6 +66,11 @@ def observed_update(trainer, batch) -> dict[tuple[str, str], float]:
     with CountMatmuls():
         trainer.train_on_batch(batch)
     return dict(flops)
+
+
+def pass_flops(flops: dict[tuple[str, str], float], phase: str) -> float:
+    """All of one pass's counted FLOPs, whatever their dtype."""
+    return sum(v for (p, _), v in flops.items() if p == phase)
 
 
 def build(backend: str, model_dir: str, args):
@@ -137,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
                 peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else float("nan")
                 flops = observed_update(trainer, batch)
             except Exception as error:  # one backend failing must not hide the other's figures
-                import traceback
-
                 traceback.print_exc()
                 print(f"{backend}: failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
                 continue
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 if cuda:
                     torch.cuda.empty_cache()
             for phase in ("forward", "backward"):
-                total = sum(v for (p, _), v in flops.items() if p == phase) or float("nan")
+                total = pass_flops(flops, phase) or float("nan")
                 share = {d: v / total for (p, d), v in flops.items() if p == phase}
                 rows.append((backend, phase, total / 1e12, share.get("bfloat16", 0.0), share.get("float32", 0.0),
                              seconds, peak))

@@ -15,11 +15,11 @@ from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
 from tests.test_fsdp import _config, _uneven_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from matmul_dtypes import observed_update  # noqa: E402
+from matmul_dtypes import observed_update, pass_flops  # noqa: E402
 
 
 def _shares(flops: dict, phase: str) -> dict[str, float]:
-    total = sum(v for (p, _), v in flops.items() if p == phase)
+    total = pass_flops(flops, phase)
     return {dtype: v / total for (p, dtype), v in flops.items() if p == phase}
 
 
@@ -32,9 +32,7 @@ def test_an_update_runs_its_matmuls_in_the_compute_dtype_in_both_passes(tiny_mod
     assert _shares(flops, "forward") == {dtype: 1.0}
     assert _shares(flops, "backward") == {dtype: 1.0}
     # Backward: each weight matmul twice (input and weight gradients), attention's backward kernel too.
-    forward = sum(v for (p, _), v in flops.items() if p == "forward")
-    backward = sum(v for (p, _), v in flops.items() if p == "backward")
-    assert 1.8 * forward < backward < 2.2 * forward
+    assert 1.8 * pass_flops(flops, "forward") < pass_flops(flops, "backward") < 2.2 * pass_flops(flops, "forward")
 
 
 def test_a_checkpointed_layer_is_recomputed_inside_the_backward(tiny_model_dir):
@@ -45,5 +43,5 @@ def test_a_checkpointed_layer_is_recomputed_inside_the_backward(tiny_model_dir):
                                         gradient_checkpointing=checkpointing))
         batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [trainer.compute_logprobs(batch)])
         flops = observed_update(trainer, batch)
-        results[checkpointing] = sum(v for (p, _), v in flops.items() if p == "backward")
+        results[checkpointing] = pass_flops(flops, "backward")
     assert results[True] > results[False] * 1.2  # the decoder layers' forward again, in the backward pass
