@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print("matmul_dtypes: no CUDA device here; run it on a GPU machine (or --cpu-smoke)")
         return 2
     if args.cpu_smoke and "megatron" in args.backends:
-        from tests.megatron_ranks import allow_cpu_forward
+        from tests.megatron_ranks import cpu_as_cuda
 
-        allow_cpu_forward()
+        cpu_as_cuda()
     batch = random_rollout_batch(rows=args.rows, row_tokens=args.row_tokens, prompt_tokens=256)
     rows = []
     with tempfile.TemporaryDirectory() as model_dir:

@@ -1,21 +1,24 @@
 """What each spawned rank of the Megatron tests runs (a module of its own: spawned processes import it).
 
-megatron-core's forward pass assumes CUDA in two places; ``allow_cpu_forward`` patches both, in
-these test processes only, so its real layers run on CPU and their logits can be compared with HF's:
-the rotary embedding moves its frequencies to ``torch.cuda.current_device()``, and attention forks
-the CUDA RNG tracker around dropout (0 here, so there is nothing to fork).
+megatron-core assumes CUDA: the rotary embedding moves its frequencies to ``torch.cuda.current_device()``,
+attention forks the CUDA RNG tracker around dropout (0 here, so there is nothing to fork), DDP allocates its
+buffers on ``torch.cuda.current_device()``, and the mixed-precision optimizers make scalars on ``"cuda"`` and
+check that parameters are ``torch.cuda.*Tensor``. ``cpu_as_cuda`` maps all of these to the CPU, in these test
+processes only, so megatron-core's real layers, DDP and distributed optimizer run over gloo and can be
+compared with the HF and FSDP paths. It changes where tensors live, never what is computed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import warnings
 from pathlib import Path
 
 
-def allow_cpu_forward() -> None:
+def cpu_as_cuda() -> None:
     import torch
     from megatron.core import tensor_parallel
 
@@ -25,6 +28,26 @@ def allow_cpu_forward() -> None:
 
     torch.cuda.current_device = lambda: "cpu"
     tensor_parallel.get_cuda_rng_tracker = lambda *args, **kwargs: _NoRngFork()
+
+    def on_cpu(factory):
+        @functools.wraps(factory)
+        def made(*args, **kwargs):
+            if str(kwargs.get("device", "")).startswith("cuda"):
+                kwargs["device"] = "cpu"
+            return factory(*args, **kwargs)
+        return made
+
+    for name in ("tensor", "zeros", "empty", "ones", "full"):
+        setattr(torch, name, on_cpu(getattr(torch, name)))
+    tensor_type = torch.Tensor.type
+
+    def cuda_type_name(self, *args, **kwargs):
+        if args or kwargs or self.device.type != "cpu":
+            return tensor_type(self, *args, **kwargs)
+        return tensor_type(self).replace("torch.", "torch.cuda.", 1)
+
+    torch.Tensor.type = cuda_type_name
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
 
 def _init(rank: int, world_size: int, port: int) -> None:
@@ -62,16 +85,16 @@ def build_and_score(rank: int, world_size: int, port: int, model_dir: str, out_d
     gpt = build_gpt_model(layout, config)
     load_hf_weights(gpt, read_hf_state(model_dir), layout, tensor_parallel_size=world_size, tensor_parallel_rank=rank)
     gathered = gather_hf_weights(gpt, layout)
-    allow_cpu_forward()
     torch.manual_seed(0)
     ids = torch.randint(0, layout.vocab_size, (2, 12))
     attention = torch.ones_like(ids)
     attention[1, :4] = 0  # a left-padded row
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        ours = MegatronCausalLM(gpt, layout).eval()(input_ids=ids, attention_mask=attention, position_ids=positions)
         hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()(input_ids=ids, attention_mask=attention,
                                                                      position_ids=positions)
+        cpu_as_cuda()  # after the HF model loads: transformers' loading does not expect wrapped factories
+        ours = MegatronCausalLM(gpt, layout).eval()(input_ids=ids, attention_mask=attention, position_ids=positions)
     result = {"is_gpt": isinstance(gpt, GPTModel), "shapes": {k: tuple(v.shape) for k, v in gpt.state_dict().items()
                                                               if hasattr(v, "shape")},
               "gathered": gathered, "logits": ours.logits, "hf_logits": hf.logits, "mask": attention.bool()}
@@ -83,7 +106,7 @@ def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_di
     import torch
 
     _init(rank, world_size, port)
-    allow_cpu_forward()
+    cpu_as_cuda()
     from rlinf_search.workers.actor.megatron.trainer import MegatronPolicyTrainer
 
     config = pickle.loads(Path(out_dir, "config.pkl").read_bytes())
@@ -92,9 +115,15 @@ def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_di
 
     trainer = MegatronPolicyTrainer(config)
     rows, old = trainer.compute_logprobs(batch)
-    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [(rows, old)])
+    scored = [None] * world_size  # as the runner does: every rank's rows, then the whole batch to every rank
+    torch.distributed.all_gather_object(scored, (rows, old))
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), scored)
     metrics = trainer.train_on_batch(batch)
-    result = {"rows": rows, "old": old, "metrics": metrics,
+    from rlinf_search.data.rank_plan import plan_passes
+
+    passes = len(plan_passes(batch, list(range(len(batch) // config.n_minibatches)), rank=trainer.rank,
+                             world_size=trainer.world_size, max_tokens=config.max_tokens_per_mbs).passes)
+    result = {"rows": rows, "old": old, "metrics": metrics, "passes": passes,
               "weights": trainer.rollout_state_dict() if rank == 0 else None}
     Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     torch.distributed.barrier()

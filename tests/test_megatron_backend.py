@@ -233,41 +233,46 @@ def test_gpt_model_builds_loads_hf_weights_and_matches_hf_logits(untied_model_di
     torch.testing.assert_close(result["logits"][mask], result["hf_logits"][mask], rtol=0, atol=1e-5)
 
 
-def test_megatron_trainer_update_matches_the_fsdp_trainer(untied_model_dir, tmp_path):
-    """Tensor parallel 2 (both ranks get the whole batch, as the runner sends it) vs one HF process."""
-    from rlinf_search.algorithms import compute_advantages
-    from rlinf_search.workers.actor.config import ActorConfig, OptimConfig
-    from rlinf_search.workers.actor.megatron.config import MegatronConfig
+@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["tp2", "dp2"])
+def test_megatron_trainer_update_matches_the_one_process_trainer(untied_model_dir, tmp_path, tensor_parallel):
+    """Two ranks as tensor parallel 2 or data parallel 2 (megatron-core's DDP and distributed optimizer), every
+    rank given the whole batch as the runner sends it; uneven rows over several micro-batches and two
+    mini-batches, against one ``ddp`` process in fp32."""
     from rlinf_search.workers.actor.logprobs import place_rows
+    from rlinf_search.workers.actor.megatron.config import MegatronConfig
     from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
     from tests.megatron_ranks import train_one_step
-    from tests.test_policy_trainer import _trajectories
+    from tests.test_fsdp import _config, _uneven_batch
 
-    tokenizer = AutoTokenizer.from_pretrained(untied_model_dir)
-    rewards = [1.0, 0.0, 1.0, 0.0]
-    batch = collate_trajectories(_trajectories(tokenizer), rewards, pad_id=tokenizer.pad_token_id)
-    batch.advantages = compute_advantages("grpo", rewards=batch.rewards, response_mask=batch.response_mask,
-                                          uids=batch.uids).advantages
-    # adam_eps 1: Adam's first step is then about lr * g rather than lr * sign(g), so float noise in a
-    # near-zero gradient cannot flip an update and the weights can be compared tightly.
-    optim = OptimConfig(lr=1.0, adam_eps=1.0, weight_decay=0.0, clip_grad=0.5)
-    config = ActorConfig(model_path=str(untied_model_dir), optim=optim)
-    fsdp = PolicyTrainer(config)
-    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [fsdp.compute_logprobs(batch)])
-    expected = fsdp.train_on_batch(batch)
+    batch = _uneven_batch(AutoTokenizer.from_pretrained(untied_model_dir))
+    config = _config(untied_model_dir)
+    config = replace(config, optim=replace(config.optim, clip_grad=0.1))
+    single = PolicyTrainer(config)
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
+    expected = single.train_on_batch(batch)
     megatron_config = replace(config, training_backend="megatron",
-                              megatron=MegatronConfig(tensor_model_parallel_size=2))
+                              megatron=MegatronConfig(tensor_model_parallel_size=tensor_parallel))
     (tmp_path / "config.pkl").write_bytes(pickle.dumps(megatron_config))
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
     _spawn(train_one_step, 2, str(untied_model_dir), str(tmp_path))
     ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
-    for result in ranks:  # both ranks of the TP group score every row (one data-parallel rank)
+    for result in ranks:
         rows = result["rows"]
         torch.testing.assert_close(result["old"], batch.old_logprobs[rows, : result["old"].shape[1]], atol=1e-5, rtol=0)
-    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
-        assert ranks[0]["metrics"][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
-    assert expected["actor/grad_norm"] > 0.5  # the clip was active, and both sides clipped the same
-    updated, start = fsdp.rollout_state_dict(), read_hf_state(untied_model_dir)
+    if tensor_parallel == 1:  # data parallel: the ranks scored disjoint rows, all of them between them
+        assert sorted(ranks[0]["rows"] + ranks[1]["rows"]) == list(range(len(batch)))
+        assert ranks[0]["passes"] > 1 or ranks[1]["passes"] > 1  # gradients accumulated under no_sync
+    for result in ranks:
+        assert result["metrics"]["actor/grad_norm"] == pytest.approx(expected["actor/grad_norm"], rel=1e-4)
+    # Each data-parallel rank's loss is its share of the mini-batch's token mean; a tensor-parallel group's
+    # ranks both hold the whole of it.
+    loss = sum(r["metrics"]["actor/pg_loss"] for r in ranks) / 2 if tensor_parallel == 1 else \
+        ranks[0]["metrics"]["actor/pg_loss"]
+    assert loss == pytest.approx(expected["actor/pg_loss"], rel=1e-4, abs=1e-6)
+    if tensor_parallel == 2:
+        assert ranks[0]["metrics"]["actor/entropy"] == pytest.approx(expected["actor/entropy"], rel=1e-4)
+    assert expected["actor/grad_norm"] > 0.1  # the clip was active, and both sides clipped the same
+    updated, start = single.rollout_state_dict(), read_hf_state(untied_model_dir)
     assert set(ranks[0]["weights"]) == set(start)
     assert max(float((updated[name] - start[name]).abs().max()) for name in start) > 1e-2  # it did move
     for name, tensor in ranks[0]["weights"].items():

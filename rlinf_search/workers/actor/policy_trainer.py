@@ -10,6 +10,7 @@ compute is ``actor.model.precision`` (see ``parallel.py``). Backends: ``ddp`` (t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from pathlib import Path
@@ -27,11 +28,27 @@ from rlinf_search.algorithms import (
 )
 from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
-from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
+from rlinf_search.data.rank_plan import (
+    RankWork,
+    padding_row,
+    plan_passes,
+    run_minibatches,
+)
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.logprobs import score_rows
-from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
-from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, packs_rows, to_device
+from rlinf_search.workers.actor.parallel import (
+    COMPUTE_DTYPES,
+    FullySharded,
+    Replicated,
+    init_single_process_group,
+    world,
+)
+from rlinf_search.workers.actor.token_scoring import (
+    TokenScorer,
+    layout_batch,
+    packs_rows,
+    to_device,
+)
 
 
 def lr_lambda(config: OptimConfig):
@@ -59,7 +76,8 @@ class PolicyTrainer:
     """Owns the policy model, its optimizer and schedule, and runs PPO updates (``ddp`` backend).
 
     Subclasses override ``_build_model`` (the trainable LM, fp32, on ``self.device``),
-    ``_data_parallel_world``, ``_parallel`` and ``_clip_gradients``.
+    ``_data_parallel_world``, ``_parallel`` and ``_clip_gradients``; a backend with an optimizer of its own
+    (Megatron's) also ``_build_optimizer``, ``_zero_grad``, ``_pass_context`` and ``_apply_gradients``.
     """
 
     packs_sequences = True
@@ -77,11 +95,7 @@ class PolicyTrainer:
         self.scorer = TokenScorer(self.model, chunk_tokens=config.logprob_chunk_tokens)
         self.module = self.parallel.wrap(self.scorer)
         self.packed = self.packs_sequences and packs_rows(self.model, config.pack_sequences)
-        o = config.optim
-        # After wrapping: FSDP replaces the parameters with their shards, which the optimizer must hold.
-        self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
-                                           eps=o.adam_eps, weight_decay=o.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
+        self.optimizer, self.scheduler = self._build_optimizer()
         self.global_step = 0
         # Seeded alike on every rank: all ranks must cut the same mini-batches.
         self._rng = random.Random(config.seed)
@@ -91,6 +105,16 @@ class PolicyTrainer:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=torch.float32).to(self.device)
+
+    def _build_optimizer(self):
+        """AdamW over the trainable parameters and its lr schedule (``LambdaLR`` of ``lr_lambda``)."""
+        o = self.config.optim
+        # After wrapping: FSDP replaces the parameters with their shards, which the optimizer must hold.
+        # Fused on CUDA: one kernel per step, and no full-size fp32 temporaries as the foreach path makes.
+        optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
+                                      eps=o.adam_eps, weight_decay=o.weight_decay,
+                                      fused=True if self.device.type == "cuda" else None)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o))
 
     def _data_parallel_world(self) -> tuple[int, int, object]:
         """(this rank's data-parallel rank, data-parallel size, its process group; None = every rank)."""
@@ -133,23 +157,37 @@ class PolicyTrainer:
         work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,
                            max_tokens=self.config.max_tokens_per_mbs)
         own_tokens = max(int(batch.response_mask[work.rows].sum()), 1) if work.rows else 1
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         sums: dict[str, float] = {}
-        for group in work.passes:
+        for index, group in enumerate(work.passes):
             micro = batch.select(group) if group else padding_row(batch)
-            metrics = self._accumulate(micro, work)
+            with self._pass_context(last=index == len(work.passes) - 1):
+                metrics = self._accumulate(micro, work)
             if not group:
                 continue  # a padding pass: it only keeps the collectives in step
             weight = float(micro.response_mask.sum()) / own_tokens
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "actor/pg_loss" else value * weight)
+        grad_norm = self._apply_gradients()
+        self.scheduler.step()
+        self.global_step += 1
+        sums.update({"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0]})
+        return sums
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _pass_context(self, *, last: bool):
+        """Around one micro-batch's forward and backward; ``last``: the mini-batch's final pass."""
+        return contextlib.nullcontext()  # torch DDP and FSDP2 reduce every backward
+
+    def _apply_gradients(self) -> float:
+        """Clip, and step unless the norm is not finite (a skipped step keeps the weights); the norm before
+        clipping."""
         grad_norm = self._clip_gradients()
         if torch.isfinite(grad_norm):
             self.optimizer.step()
-        self.scheduler.step()
-        self.global_step += 1
-        sums.update({"actor/grad_norm": float(grad_norm), "actor/lr": self.scheduler.get_last_lr()[0]})
-        return sums
+        return float(grad_norm)
 
     def _accumulate(self, micro: RolloutBatch, work: RankWork) -> dict[str, float]:
         """Forward and backward one micro-batch; its loss is scaled to the whole mini-batch's counts."""
@@ -195,6 +233,18 @@ class PolicyTrainer:
         cfg = self.config.loss
         correction = MISMATCH_CORRECTIONS.resolve(cfg.mismatch_correction)
         return correction(old, rollout, response_mask=mask, cap=cfg.mismatch_cap, low=cfg.mismatch_low)
+
+    def build_reference(self, model_path: str) -> torch.nn.Module:
+        """The frozen policy at ``model_path`` as a scorer in the compute precision (it never trains), placed
+        like the policy (sharded under ``fsdp``)."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=COMPUTE_DTYPES[self.config.dtype])
+        scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.config.logprob_chunk_tokens)
+        scorer.requires_grad_(False)
+        if isinstance(self.parallel, FullySharded):
+            FullySharded(compute_dtype=self.config.dtype).wrap(scorer)
+        return scorer
 
     # ---- weights and state ------------------------------------------------------------------
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:

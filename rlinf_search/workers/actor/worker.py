@@ -25,8 +25,6 @@ from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.backends import build_trainer
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
-from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES, FullySharded
-from rlinf_search.workers.actor.token_scoring import TokenScorer
 from rlinf_search.workers.offload import Offloader
 
 
@@ -45,7 +43,7 @@ class ActorWorker(Worker):
         self.trainer = build_trainer(start)  # actor.training_backend: fsdp, ddp or megatron
         self.tokenizer = AutoTokenizer.from_pretrained(start.model_path)
         # The reference is the starting policy, even after a resume.
-        self.reference = self._reference() if config.loss.kl_beta > 0 else None
+        self.reference = self.trainer.build_reference(config.model_path) if config.loss.kl_beta > 0 else None
         if resume_from:
             _, training_state = load_checkpoint(Path(resume_from))
             self.trainer.load_training_state(training_state, Path(resume_from))
@@ -53,18 +51,6 @@ class ActorWorker(Worker):
         modules = [self.trainer.model] + ([self.reference] if self.reference is not None else [])
         self.offloader = Offloader(config.offload, optimizer=self.trainer.optimizer, device=self.trainer.device,
                                    modules=modules)
-
-    def _reference(self) -> torch.nn.Module:
-        """The frozen starting policy in the compute precision (it never trains), sharded like the policy."""
-        from transformers import AutoModelForCausalLM
-
-        dtype = COMPUTE_DTYPES[self.config.dtype]
-        model = AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=dtype)
-        scorer = TokenScorer(model.to(self.trainer.device).eval(), chunk_tokens=self.config.logprob_chunk_tokens)
-        scorer.requires_grad_(False)
-        if isinstance(self.trainer.parallel, FullySharded):
-            FullySharded(compute_dtype=self.config.dtype).wrap(scorer)
-        return scorer
 
     def compute_logprobs(self, batch: RolloutBatch, *, old: bool, ref: bool) -> ForwardLogprobs:
         """This rank's share of ``batch`` (the whole batch), when no InferenceGroup sits apart from the

@@ -3,33 +3,39 @@
 What differs from ``PolicyTrainer``, and nothing else:
 - the model: a Qwen2 ``GPTModel`` built from the HF config, loaded with the HF weights, wrapped so it
   is called like a HF causal LM (full-vocabulary logits on every tensor-parallel rank);
+- parameters are the compute dtype (bf16), so forward, recompute and backward run in bf16; megatron-core's
+  DDP reduces fp32 gradients and its distributed optimizer keeps fp32 main weights and Adam state, each
+  data-parallel rank its slice (``megatron/optimizer.py``);
 - data parallelism runs over Megatron's data-parallel group: every rank gets the whole batch and the
   rows are dealt by data-parallel rank, so the ranks of a tensor-parallel group (one model computed
   together) take the same rows and passes;
-- parameters are fp32 (the master weights) and bf16 compute is autocast, as in ``ddp``;
-- the gradient norm counts tensor-parallel shards once;
+- the reference model is a frozen ``GPTModel`` sharded like the policy;
 - weights leave in HF names: after every update the data-parallel-rank-0 group gathers its shards,
   so ``rollout_state_dict`` and the HF checkpoint on rank 0 need no collective of their own (the
   runtime calls those on rank 0 only).
 
-Needs CUDA: ``require_training_backend`` stops a run without GPUs before any worker starts.
+Needs CUDA: ``require_training_backend`` stops a run without GPUs before any worker starts. The tests run
+it on CPU with gloo, megatron-core's CUDA device names mapped to the CPU (``tests/megatron_ranks.py``).
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
 from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.workers.actor.config import ActorConfig
-from rlinf_search.workers.actor.megatron.hf_io import read_hf_config, read_hf_state, write_hf_model
+from rlinf_search.workers.actor.megatron.hf_io import (
+    read_hf_config,
+    read_hf_state,
+    write_hf_model,
+)
 from rlinf_search.workers.actor.megatron.model import (
     MegatronCausalLM,
     build_gpt_model,
@@ -38,11 +44,17 @@ from rlinf_search.workers.actor.megatron.model import (
     load_hf_weights,
     read_layout,
 )
+from rlinf_search.workers.actor.megatron.optimizer import (
+    LambdaSchedule,
+    MegatronDataParallel,
+    build_distributed_optimizer,
+    step_if_finite,
+    wrap_data_parallel,
+)
 from rlinf_search.workers.actor.megatron.weights import StateDict
-from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
-
-log = logging.getLogger(__name__)
-
+from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
+from rlinf_search.workers.actor.policy_trainer import PolicyTrainer, lr_lambda
+from rlinf_search.workers.actor.token_scoring import TokenScorer
 
 class MegatronPolicyTrainer(PolicyTrainer):
     """``PolicyTrainer`` on Megatron-core: tensor parallel within a group, data parallel across groups."""
@@ -54,50 +66,63 @@ class MegatronPolicyTrainer(PolicyTrainer):
         self.layout = read_layout(config.model_path)
         self._hf_state: StateDict | None = None
         super().__init__(config)
-        self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
 
     # ---- PolicyTrainer hooks ------------------------------------------------------------------
     packs_sequences = False  # the GPTModel wrapper takes padded rows with an attention mask
 
     def _build_model(self) -> torch.nn.Module:
-        # fp32 parameters (the master weights); bf16 compute comes from autocast (Replicated.autocast).
-        dtype = torch.float32
+        self.dtype = COMPUTE_DTYPES[self.config.dtype]
         if not dist.is_initialized():  # one rank: megatron-core still wants a process group
             store = dist.FileStore(tempfile.NamedTemporaryFile(delete=False).name, 1)
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=0,
                                     world_size=1)
         init_model_parallel(self.megatron, seed=self.config.seed)
-        gpt = build_gpt_model(self.layout, self.megatron, dtype=dtype)
-        hf_state = {k: v.to(dtype) for k, v in read_hf_state(self.config.model_path).items()}
+        gpt, hf_state = self._load_gpt(self.config.model_path)
+        if dist.get_rank() == 0:  # the starting weights are the first ones the rollout gets
+            self._hf_state = hf_state
+        self.gpt = gpt
+        self.ddp = wrap_data_parallel(gpt)
+        return MegatronCausalLM(self.ddp, self.layout)
+
+    def _load_gpt(self, model_path: str) -> tuple[torch.nn.Module, StateDict]:
+        """This rank's ``GPTModel`` shard in the compute dtype with the HF weights at ``model_path``, on the
+        device; and those weights (on CPU, HF names)."""
+        gpt = build_gpt_model(self.layout, self.megatron, dtype=self.dtype)
+        hf_state = {k: v.to(self.dtype) for k, v in read_hf_state(model_path).items()}
         load_hf_weights(gpt, hf_state, self.layout,
                         tensor_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
                         tensor_parallel_rank=parallel_state.get_tensor_model_parallel_rank())
-        if dist.get_rank() == 0:  # the starting weights are the first ones the rollout gets
-            self._hf_state = hf_state
-        return MegatronCausalLM(gpt, self.layout).to(self.device)
+        return gpt.to(self.device), hf_state
 
     def _data_parallel_world(self) -> tuple[int, int, object]:
         return (parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size(),
                 parallel_state.get_data_parallel_group())
 
-    def _clip_gradients(self) -> torch.Tensor:
-        # Shards are summed over the tensor-parallel group; replicated tensors (norms) count once.
-        grads = [p.grad for p in self.model.parameters()
-                 if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
-        squares = torch.zeros(1, dtype=torch.float32, device=self.device)
-        for grad in grads:
-            squares += grad.float().pow(2).sum()
-        if self.tp_size > 1:
-            dist.all_reduce(squares, group=self.tp_group)
-        norm = squares.sqrt()[0]
-        scale = self.config.optim.clip_grad / (norm + 1e-6)
-        if scale < 1:
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        return norm
+    def _parallel(self, group) -> MegatronDataParallel:
+        return MegatronDataParallel()
+
+    def _build_optimizer(self):
+        optimizer = build_distributed_optimizer(self.ddp, self.config.optim, self.dtype)
+        return optimizer, LambdaSchedule(optimizer, lr_lambda(self.config.optim), self.config.optim.lr)
+
+    def _zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def _pass_context(self, *, last: bool):
+        # Gradients accumulate locally until the last micro-batch, whose backward reduces them bucket by bucket.
+        return contextlib.nullcontext() if last else self.ddp.no_sync()
+
+    def _apply_gradients(self) -> float:
+        self.ddp.finish_grad_sync()
+        return step_if_finite(self.optimizer)
+
+    def build_reference(self, model_path: str) -> torch.nn.Module:
+        """The frozen starting policy: a ``GPTModel`` sharded like the policy, in the compute dtype."""
+        gpt, _ = self._load_gpt(model_path)
+        scorer = TokenScorer(MegatronCausalLM(gpt, self.layout).eval(), chunk_tokens=self.config.logprob_chunk_tokens)
+        return scorer.requires_grad_(False)
 
     # ---- training: every rank has the whole batch; a tensor-parallel group shares one data-parallel rank's
     # rows (``data.rank_plan`` deals rows by data-parallel rank), so its ranks run the same passes --------
@@ -110,7 +135,7 @@ class MegatronPolicyTrainer(PolicyTrainer):
     def _refresh_hf_state(self) -> None:
         """Gather the updated shards in HF names on the data-parallel-rank-0 group (a collective there)."""
         if self.rank == 0:
-            self._hf_state = gather_hf_weights(self.model.gpt, self.layout)
+            self._hf_state = gather_hf_weights(self.gpt, self.layout)
             if self.tp_rank != 0:
                 self._hf_state = None  # only global rank 0 sends weights and writes checkpoints
 
@@ -132,14 +157,30 @@ class MegatronPolicyTrainer(PolicyTrainer):
         source = self.config.model_path
         write_hf_model(self.gathered_hf_state(), read_hf_config(source), path, source_dir=source)
 
+    def training_state(self, folder: Path) -> TrainingState:
+        """Every rank calls it: the distributed optimizer gathers each tensor-parallel rank's slices to its
+        data-parallel rank 0, which writes them to ``folder/megatron_optimizer/tp{rank}.pt``."""
+        shards = Path(folder) / OPTIMIZER_DIR
+        shards.mkdir(parents=True, exist_ok=True)
+        self.optimizer.save_parameter_state(str(shards / f"tp{self.tp_rank}.pt"))
+        return TrainingState(scheduler=self.scheduler.state_dict(), global_step=self.global_step,
+                             rng=self._rng.getstate(), optimizer=self.optimizer.state_dict(),
+                             optimizer_shards=OPTIMIZER_DIR)
+
     def load_training_state(self, state: TrainingState, folder: Path) -> None:
-        # The checkpoint's optimizer state is rank 0's shard (rank 0 writes it): with tensor parallelism
-        # the other ranks' moments have other shapes, so they restart rather than load a stranger's.
-        if self.tp_size > 1:
-            log.warning("resuming a tensor-parallel Megatron actor: weights, schedule and step are restored; "
-                        "Adam moments restart (the checkpoint holds rank 0's optimizer shard only)")
-            self.scheduler.load_state_dict(state.scheduler)
-            self.global_step = state.global_step
-            self._rng.setstate(state.rng)
-            return
-        super().load_training_state(state, folder)
+        if state.optimizer_shards != OPTIMIZER_DIR or state.optimizer is None:
+            raise ValueError(f"{folder}: the checkpoint holds no Megatron optimizer state (written by another "
+                             "training backend); resume with the backend that wrote it")
+        path = Path(folder) / OPTIMIZER_DIR / f"tp{self.tp_rank}.pt"
+        if not path.is_file():
+            raise ValueError(f"{path}: missing; the checkpoint was written with another "
+                             "actor.model.tensor_model_parallel_size; resume with the one that wrote it")
+        self.optimizer.load_state_dict(state.optimizer)
+        self.optimizer.load_parameter_state(str(path))
+        self.scheduler.load_state_dict(state.scheduler)
+        self.global_step = state.global_step
+        self._rng.setstate(state.rng)
+
+
+OPTIMIZER_DIR = "megatron_optimizer"
+"""Folder of a checkpoint with the distributed optimizer's state, one file per tensor-parallel rank."""
