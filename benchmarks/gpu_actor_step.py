@@ -2,12 +2,15 @@
 
     python benchmarks/gpu_actor_step.py                      # qwen2.5-3b shape, 8,192 tokens per micro-batch
     python benchmarks/gpu_actor_step.py --shape qwen2.5-0.5b --updates 3 --mbs-tokens 4096
+    python benchmarks/gpu_actor_step.py --backend megatron  # bf16 GPTModel, distributed optimizer, full recompute
 
 It needs only torch, transformers and this package (no vLLM, no Ray, no network), so it runs on a bare
 GPU machine. The model is Qwen2.5's published shape with random weights made here
 (``toolkits.model_shapes``), trained by the same trainer the actor workers build: FSDP2 at world size 1
 (``actor.training_backend: fsdp``), bf16 compute over fp32 master weights, gradient checkpointing,
-packed rows and chunked log-probs, as in ``examples/searchr1/config/qwen2.5-3b-tool-fsdp-1node.yaml``.
+packed rows and chunked log-probs, as in ``examples/searchr1/config/qwen2.5-3b-tool-fsdp-1node.yaml``;
+or (``--backend megatron``) megatron-core at tensor parallel 1: bf16 parameters, fp32 gradient buffer,
+distributed optimizer, full recompute of every layer, padded rows, as in ``qwen2.5-3b-tool-1node.yaml``.
 
 Printed: the peak of ``torch.cuda.max_memory_allocated`` over the timed updates beside
 ``toolkits.memory_plan``'s plan for one rank (which holds for checkpointing on), training tokens per
@@ -40,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=3, help="timed updates, after one warm-up update")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak")
     parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--backend", default="fsdp", choices=["fsdp", "megatron"])
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="run the same steps on CPU to check the script (its figures mean nothing)")
     args = parser.parse_args(argv)
@@ -62,13 +66,25 @@ def main(argv: list[str] | None = None) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(model_dir)  # bf16 on disk; the trainer loads fp32 master weights
         del model
+        if args.cpu_smoke and args.backend == "megatron":  # after the HF model: its loading expects plain torch
+            from tests.megatron_ranks import cpu_as_cuda
+
+            cpu_as_cuda()
         print(f"made a random {args.shape} ({shape.num_hidden_layers} layers, {n_params / 1e9:.2f} B parameters) "
               f"in {time.perf_counter() - started:.0f} s", flush=True)
-        config = ActorConfig(model_path=model_dir, training_backend="fsdp", dtype="bfloat16",
-                             gradient_checkpointing=not args.no_checkpointing, pack_sequences=True,
+        megatron = None
+        if args.backend == "megatron":
+            from rlinf_search.workers.actor.megatron.config import MegatronConfig
+
+            megatron = MegatronConfig(recompute_granularity=None if args.no_checkpointing else "full",
+                                      recompute_method=None if args.no_checkpointing else "uniform",
+                                      recompute_num_layers=None if args.no_checkpointing else 1)
+        fsdp = args.backend == "fsdp"
+        config = ActorConfig(model_path=model_dir, training_backend=args.backend, dtype="bfloat16",
+                             gradient_checkpointing=fsdp and not args.no_checkpointing, pack_sequences=fsdp,
                              logprob_chunk_tokens=1024, max_tokens_per_mbs=args.mbs_tokens, n_minibatches=1,
                              shuffle_rollout=False, optim=OptimConfig(lr=1e-6, total_steps=100),
-                             loss=PolicyLossConfig(kl_beta=0.0))
+                             loss=PolicyLossConfig(kl_beta=0.0), megatron=megatron)
         trainer = build_trainer(config)
     batch = random_rollout_batch(rows=args.rows, row_tokens=args.row_tokens, prompt_tokens=512)
     tokens = int(batch.attention_mask.sum())
@@ -87,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     flops_per_token = 6 * n_params + 12 * shape.num_hidden_layers * shape.hidden_size * mean_row
     tokens_per_s = tokens / seconds
     mfu = flops_per_token * tokens_per_s / (args.peak_tflops * 1e12)
-    plan = plan_actor_memory(shape, ranks=1, mbs_tokens=args.mbs_tokens).total / 1024 ** 3
-    print(f"{'device':<28}{'shape':<14}{'tokens/update':>14}{'mbs tokens':>11}{'ckpt':>6}{'peak GiB':>10}"
+    plan = plan_actor_memory(shape, ranks=1, mbs_tokens=args.mbs_tokens, backend=args.backend).total / 1024 ** 3
+    print(f"{'device':<28}{'backend':<10}{'shape':<14}{'tokens/update':>14}{'mbs tokens':>11}{'ckpt':>6}{'peak GiB':>10}"
           f"{'plan GiB':>10}{'s/update':>10}{'tokens/s':>10}{'MFU':>7}")
     device = torch.cuda.get_device_name() if cuda else "cpu (smoke run)"
-    print(f"{device:<28}{args.shape:<14}{tokens:>14}{args.mbs_tokens:>11}"
+    print(f"{device:<28}{args.backend:<10}{args.shape:<14}{tokens:>14}{args.mbs_tokens:>11}"
           f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{plan:>10.1f}{seconds:>10.2f}{tokens_per_s:>10.0f}"
           f"{100 * mfu:>6.1f}%")
     print(f"loss finite: {all(map(math.isfinite, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}")

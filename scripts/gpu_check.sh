@@ -8,8 +8,9 @@
 #
 # Steps: the machine and versions; tests/test_gpu.py (FSDP2 bf16 update, packed vs padded rows through the GPU
 # attention kernels, 0.5B peak memory against toolkits.memory_plan); benchmarks/gpu_actor_step.py at the
-# Qwen2.5-3B shape (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py (the dtype of every matmul
-# of an FSDP2 and a Megatron update, forward and backward apart). Results go into docs/benchmarks.md section 7.
+# Qwen2.5-3B shape for FSDP2 and for Megatron (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py
+# (the dtype of every matmul of a Megatron update with full recompute, forward and backward apart). The step
+# timeouts add up to under 10 minutes, the longest one call may run. Results go into docs/benchmarks.md section 7.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -38,7 +39,8 @@ step machine 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version
     $PY -c 'import sys, torch, transformers; print(sys.version.split()[0], \"torch\", torch.__version__, \
 \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__)'; \
     $PY -c 'import megatron.core, faiss, bm25s; print(\"megatron-core\", megatron.core.__version__)'"
-step test_gpu 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
-step gpu_actor_step 180 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b
-step matmul_dtypes 150 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends fsdp megatron
+step test_gpu 130 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
+step gpu_actor_step_fsdp 130 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b
+step gpu_actor_step_megatron 200 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --backend megatron
+step matmul_dtypes 100 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends megatron --recompute full
 echo "gpu_check: done; log in $LOG" | tee -a "$LOG"

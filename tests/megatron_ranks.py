@@ -1,7 +1,8 @@
 """What each spawned rank of the Megatron tests runs (a module of its own: spawned processes import it).
 
 megatron-core assumes CUDA: the rotary embedding moves its frequencies to ``torch.cuda.current_device()``,
-attention forks the CUDA RNG tracker around dropout (0 here, so there is nothing to fork), DDP allocates its
+attention forks the CUDA RNG tracker around dropout (0 here, so there is nothing to fork), a recomputed layer
+saves and restores the CUDA generator's state, DDP allocates its
 buffers on ``torch.cuda.current_device()``, and the mixed-precision optimizers make scalars on ``"cuda"`` and
 check that parameters are ``torch.cuda.*Tensor``. ``cpu_as_cuda`` maps all of these to the CPU, in these test
 processes only, so megatron-core's real layers, DDP and distributed optimizer run over gloo and can be
@@ -22,12 +23,27 @@ def cpu_as_cuda() -> None:
     import torch
     from megatron.core import tensor_parallel
 
-    class _NoRngFork:
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    class _NoRngFork:  # dropout is 0 here: no generator to fork, no state to save for a recompute
         def fork(self, name=None):
             return contextlib.nullcontext()
 
+        def get_states(self):
+            return {}
+
+        def set_states(self, states):
+            pass
+
+        def is_initialized(self):
+            return True
+
     torch.cuda.current_device = lambda: "cpu"
     tensor_parallel.get_cuda_rng_tracker = lambda *args, **kwargs: _NoRngFork()
+    megatron_random.get_cuda_rng_tracker = tensor_parallel.get_cuda_rng_tracker
+    # A recomputed layer saves and restores the "CUDA" generator's state: the CPU's stands in.
+    megatron_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    megatron_random._set_cuda_rng_state = lambda *args, **kwargs: None
 
     def on_cpu(factory):
         @functools.wraps(factory)
@@ -125,5 +141,60 @@ def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_di
                              world_size=trainer.world_size, max_tokens=config.max_tokens_per_mbs).passes)
     result = {"rows": rows, "old": old, "metrics": metrics, "passes": passes,
               "weights": trainer.rollout_state_dict() if rank == 0 else None}
+    Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    torch.distributed.barrier()
+
+
+def bf16_update_and_resume(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
+    """Data parallel 2 under bf16 with full recompute: the dtype of every matmul of an update, where the fp32
+    state lives and how it splits, the reference's scores, and a checkpoint round trip."""
+    import sys
+
+    import torch
+
+    _init(rank, world_size, port)
+    cpu_as_cuda()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from matmul_dtypes import observed_update
+
+    from rlinf_search.workers.actor.logprobs import place_rows, score_rows
+    from rlinf_search.workers.actor.megatron.optimizer import optimizer_state_bytes
+    from rlinf_search.workers.actor.megatron.trainer import MegatronPolicyTrainer
+
+    config = pickle.loads(Path(out_dir, "config.pkl").read_bytes())
+    batch = pickle.loads(Path(out_dir, "batch.pkl").read_bytes())
+    trainer = MegatronPolicyTrainer(config)
+    rows, old = trainer.compute_logprobs(batch)
+    reference = trainer.build_reference(config.model_path)
+    _, ref = score_rows(reference, batch, rank=trainer.rank, world_size=trainer.world_size, packed=False,
+                        temperature=1.0, max_tokens=config.max_tokens_per_mbs, rows_per_pass=None,
+                        device=trainer.device)
+    scored = [None] * world_size
+    torch.distributed.all_gather_object(scored, (rows, old))
+    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), scored)
+    flops = observed_update(trainer, batch)
+    result = {"old": old, "ref": ref, "flops": flops, "state_bytes": optimizer_state_bytes(trainer.optimizer),
+              "param_dtypes": {str(p.dtype) for p in trainer.gpt.parameters()},
+              "main_dtypes": {str(p.dtype) for inner in trainer.optimizer.chained_optimizers
+                              for group in inner.optimizer.param_groups for p in group["params"]},
+              "model_numel": sum(p.numel() for p in trainer.gpt.parameters())}
+    # The checkpoint: weights in HF names (rank 0) and the optimizer (every rank joins the gather).
+    folder = Path(out_dir, "ckpt")
+    if rank == 0:
+        folder.mkdir()
+        trainer.export_hf(folder / "hf", trainer.rollout_state_dict())
+    torch.distributed.barrier()
+    state = trainer.training_state(folder)
+    if rank == 0:
+        state.save(folder / "training_state.pt")
+    torch.distributed.barrier()
+    result["next"] = (trainer.train_on_batch(batch), trainer.rollout_state_dict() if rank == 0 else None)
+    from dataclasses import replace
+
+    from rlinf_search.checkpoint import TrainingState
+
+    resumed = MegatronPolicyTrainer(replace(config, model_path=str(folder / "hf")))
+    resumed.load_training_state(TrainingState.load(folder / "training_state.pt"), folder)
+    result["resumed"] = (resumed.train_on_batch(batch), resumed.rollout_state_dict() if rank == 0 else None)
     Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     torch.distributed.barrier()

@@ -40,10 +40,13 @@ class MemoryPlan:
 
 
 def plan_actor_memory(config, *, ranks: int, mbs_tokens: int, chunk_tokens: int = 1024,
-                      reference: bool = False) -> MemoryPlan:
+                      reference: bool = False, backend: str = "fsdp", tensor_parallel: int = 1) -> MemoryPlan:
     """The plan for a model of ``config`` (a transformers config of a decoder LM with tied or untied
-    embeddings), ``ranks`` FSDP ranks, micro-batches of ``mbs_tokens`` tokens and LM-head chunks of
-    ``chunk_tokens``."""
+    embeddings), ``ranks`` ranks, micro-batches of ``mbs_tokens`` tokens and LM-head chunks of
+    ``chunk_tokens``. ``backend: megatron`` (a first estimate, not yet fitted to a measurement): bf16
+    parameters and an fp32 gradient buffer per tensor-parallel shard (6 B a parameter), fp32 main weights
+    and Adam moments split over the data-parallel ranks (12 B), bf16 layer inputs kept by full recompute,
+    and the micro-batch's full-vocabulary bf16 logits and their gradient beside the scorer's chunk."""
     hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = hidden // heads
@@ -51,6 +54,11 @@ def plan_actor_memory(config, *, ranks: int, mbs_tokens: int, chunk_tokens: int 
     per_layer = attention + 3 * hidden * config.intermediate_size + 2 * hidden
     embedding = vocab * hidden
     params = embedding * (1 if config.tie_word_embeddings else 2) + layers * per_layer + hidden
+    if backend == "megatron":
+        return MemoryPlan(state=6 * params / tensor_parallel + 12 * params / ranks,
+                          reference=(2 * params / tensor_parallel) if reference else 0.0,
+                          checkpoints=mbs_tokens * hidden * 2 * layers,
+                          lm_head_peak=4 * mbs_tokens * vocab + 14 * min(chunk_tokens, mbs_tokens) * vocab)
     return MemoryPlan(state=16 * params / ranks, reference=(2 * params / ranks) if reference else 0.0,
                       checkpoints=mbs_tokens * hidden * 4 * layers,
                       lm_head_peak=(10 if ranks > 1 else 2) * embedding + 14 * min(chunk_tokens, mbs_tokens) * vocab)

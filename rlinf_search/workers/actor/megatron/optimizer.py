@@ -117,3 +117,35 @@ class LambdaSchedule:
     def load_state_dict(self, state: dict) -> None:
         self.last_epoch = int(state["last_epoch"])
         self._apply()
+
+
+def _chained(optimizer: MegatronOptimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def save_optimizer_shard(optimizer: MegatronOptimizer, path) -> None:
+    """This rank's fp32 main weights and Adam state (its slice) to ``path``: no collective, exact on resume.
+
+    megatron-core's own ``save_parameter_state`` gathers every slice to one rank, and its loader expects
+    Megatron-LM's checkpoint flow; a file per rank is all a resume with the same layout needs.
+    """
+    parts = [{"state": inner.optimizer.state_dict(),
+              "main": [p.detach().cpu() for group in inner.optimizer.param_groups for p in group["params"]]}
+             for inner in _chained(optimizer)]
+    torch.save(parts, path)
+
+
+def load_optimizer_shard(optimizer: MegatronOptimizer, path) -> None:
+    """Restore what ``save_optimizer_shard`` wrote, on a rank with the same place in the same layout."""
+    parts = torch.load(path, map_location="cpu", weights_only=False)
+    chained = _chained(optimizer)
+    for inner, part in zip(chained, parts, strict=True):
+        params = [p for group in inner.optimizer.param_groups for p in group["params"]]
+        shapes = [tuple(p.shape) for p in params]
+        if shapes != [tuple(t.shape) for t in part["main"]]:
+            raise ValueError(f"{path}: optimizer slices of another layout (data or tensor parallel size); "
+                             "resume with the actor layout that wrote the checkpoint")
+        with torch.no_grad():
+            for param, value in zip(params, part["main"], strict=True):
+                param.copy_(value)
+        inner.optimizer.load_state_dict(part["state"])

@@ -48,6 +48,8 @@ from rlinf_search.workers.actor.megatron.optimizer import (
     LambdaSchedule,
     MegatronDataParallel,
     build_distributed_optimizer,
+    load_optimizer_shard,
+    save_optimizer_shard,
     step_if_finite,
     wrap_data_parallel,
 )
@@ -88,7 +90,9 @@ class MegatronPolicyTrainer(PolicyTrainer):
     def _load_gpt(self, model_path: str) -> tuple[torch.nn.Module, StateDict]:
         """This rank's ``GPTModel`` shard in the compute dtype with the HF weights at ``model_path``, on the
         device; and those weights (on CPU, HF names)."""
-        gpt = build_gpt_model(self.layout, self.megatron, dtype=self.dtype)
+        # The local spec's norms are torch modules made in fp32 whatever params_dtype says: cast them too, as
+        # Megatron-LM's Float16Module does, so every parameter (and the optimizer's view of them) is bf16.
+        gpt = build_gpt_model(self.layout, self.megatron, dtype=self.dtype).to(self.dtype)
         hf_state = {k: v.to(self.dtype) for k, v in read_hf_state(model_path).items()}
         load_hf_weights(gpt, hf_state, self.layout,
                         tensor_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
@@ -158,29 +162,29 @@ class MegatronPolicyTrainer(PolicyTrainer):
         write_hf_model(self.gathered_hf_state(), read_hf_config(source), path, source_dir=source)
 
     def training_state(self, folder: Path) -> TrainingState:
-        """Every rank calls it: the distributed optimizer gathers each tensor-parallel rank's slices to its
-        data-parallel rank 0, which writes them to ``folder/megatron_optimizer/tp{rank}.pt``."""
+        """Every rank writes its optimizer slice to ``folder/megatron_optimizer/rank{rank}.pt``; rank 0 saves
+        the returned state."""
         shards = Path(folder) / OPTIMIZER_DIR
         shards.mkdir(parents=True, exist_ok=True)
-        self.optimizer.save_parameter_state(str(shards / f"tp{self.tp_rank}.pt"))
+        save_optimizer_shard(self.optimizer, shards / f"rank{dist.get_rank()}.pt")
         return TrainingState(scheduler=self.scheduler.state_dict(), global_step=self.global_step,
-                             rng=self._rng.getstate(), optimizer=self.optimizer.state_dict(),
-                             optimizer_shards=OPTIMIZER_DIR)
+                             rng=self._rng.getstate(), optimizer_shards=OPTIMIZER_DIR)
 
     def load_training_state(self, state: TrainingState, folder: Path) -> None:
-        if state.optimizer_shards != OPTIMIZER_DIR or state.optimizer is None:
+        shards = Path(folder) / OPTIMIZER_DIR
+        if state.optimizer_shards != OPTIMIZER_DIR:
             raise ValueError(f"{folder}: the checkpoint holds no Megatron optimizer state (written by another "
                              "training backend); resume with the backend that wrote it")
-        path = Path(folder) / OPTIMIZER_DIR / f"tp{self.tp_rank}.pt"
-        if not path.is_file():
-            raise ValueError(f"{path}: missing; the checkpoint was written with another "
-                             "actor.model.tensor_model_parallel_size; resume with the one that wrote it")
-        self.optimizer.load_state_dict(state.optimizer)
-        self.optimizer.load_parameter_state(str(path))
+        written = len(list(shards.glob("rank*.pt")))
+        if written != dist.get_world_size():
+            raise ValueError(f"{shards}: optimizer slices of {written} ranks, and this actor has "
+                             f"{dist.get_world_size()}; resume with the actor layout that wrote the checkpoint")
+        # The weights came from the checkpoint's HF folder: bf16 copies of the main weights restored here.
+        load_optimizer_shard(self.optimizer, shards / f"rank{dist.get_rank()}.pt")
         self.scheduler.load_state_dict(state.scheduler)
         self.global_step = state.global_step
         self._rng.setstate(state.rng)
 
 
 OPTIMIZER_DIR = "megatron_optimizer"
-"""Folder of a checkpoint with the distributed optimizer's state, one file per tensor-parallel rank."""
+"""Folder of a checkpoint with the distributed optimizer's state, one file per rank."""
