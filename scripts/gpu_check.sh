@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks, in one go, on a single-GPU machine that has torch and transformers but no network, vLLM or Ray
-# (the machine this project borrows for 15 minutes at a time). 3 min 21 s on an H200; each step has its own timeout, so
+# (the machine this project borrows for 15 minutes at a time). 5 min 45 s on an H200; each step has its own timeout, so
 # one that hangs or fails leaves the others' results. Everything printed also goes to $OUT/gpu_check.log.
 #
 #   here:  bash scripts/gpu_wheels.sh                       # the wheels it carries (.whl/, ignored by git)

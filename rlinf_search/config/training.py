@@ -63,6 +63,13 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
     if backend == "megatron" and checkpointing:
         raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
                           "by actor.model.recompute_granularity instead")
+    if backend == "megatron":
+        for key in ("actor.offload_weight", "actor.offload_grad", "actor.offload_optimizer"):
+            if get_bool(raw, key, False):
+                # Under megatron-core's DDP the parameters are views of its buffers and the optimizer is not a
+                # torch optimizer: moving them one by one would free nothing and break the views.
+                raise ConfigError(f"{key}: not supported by actor.training_backend megatron yet (its DDP buffers "
+                                  "and distributed optimizer are not offloaded); set it to false")
     ppo_epochs = get_int(raw, "algorithm.ppo_epochs", ActorConfig.ppo_epochs, minimum=1)
     n_minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
     return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
