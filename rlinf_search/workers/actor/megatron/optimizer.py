@@ -29,6 +29,7 @@ from megatron.core.optimizer import (
     OptimizerConfig,
     get_megatron_optimizer,
 )
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
 from rlinf_search.workers.actor.config import OptimConfig
 
@@ -67,21 +68,26 @@ def build_distributed_optimizer(model: DistributedDataParallel, optim: OptimConf
 def step_if_finite(optimizer: MegatronOptimizer) -> float:
     """Clip and step unless the gradient norm is not finite; the norm before clipping.
 
-    megatron-core's ``step`` has no such check when there is no loss scaler (bf16), so the norm is read
-    first: a non-finite norm is the same on every rank (it is reduced over all of them), so all skip.
+    megatron-core's ``step`` has no such check when there is no loss scaler (bf16), so its parts run here with
+    the check between them: a non-finite norm is the same on every rank (it is reduced over all of them), so
+    all skip.
     """
     optimizer.prepare_grads()
     norm = float(optimizer.get_grad_norm())
     if not math.isfinite(norm):
         return norm
-    _, norm, _ = optimizer.step()  # prepares the gradients again (an idempotent copy) and clips by the norm
-    return float(norm)
+    for inner in _chained(optimizer):
+        parameters = inner.get_parameters()
+        if parameters and inner.config.clip_grad > 0:
+            clip_grad_by_total_norm_fp32(parameters, max_norm=inner.config.clip_grad, total_norm=norm)
+    optimizer.step_with_ready_grads()
+    return norm
 
 
 def optimizer_state_bytes(optimizer: MegatronOptimizer) -> int:
     """Bytes this rank holds of fp32 main parameters and Adam state (its slice under the distributed optimizer)."""
     total = 0
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for inner in _chained(optimizer):
         torch_optimizer = inner.optimizer
         for group in torch_optimizer.param_groups:
             total += sum(p.numel() * p.element_size() for p in group["params"])

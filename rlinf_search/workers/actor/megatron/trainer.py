@@ -58,6 +58,7 @@ from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer, lr_lambda
 from rlinf_search.workers.actor.token_scoring import TokenScorer
 
+
 class MegatronPolicyTrainer(PolicyTrainer):
     """``PolicyTrainer`` on Megatron-core: tensor parallel within a group, data parallel across groups."""
 
