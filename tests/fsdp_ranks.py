@@ -8,6 +8,8 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 
 def _init(rank: int, world_size: int, port: int) -> None:
     import torch
@@ -75,13 +77,19 @@ def train_steps(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os._exit(0)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank; any other tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def offload_round_trip(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Two trainers on the same batch, one of them offloaded and brought back (fresh storage, as on a GPU)
-    between its first and second updates; the metrics of three updates and the final weights of each."""
+    """Two trainers on the same batch, one of them offloaded and brought back (forced, as on a GPU) between its
+    first and second updates; the metrics of three updates, the final weights of each, and the bytes the
+    offloaded trainer's parameters, gradients and optimizer state still held while away."""
     import torch.distributed as dist
 
     from rlinf_search.workers.actor.backends import build_trainer
-    from rlinf_search.workers.offload import OffloadConfig, Offloader
+    from rlinf_search.workers.offload import CATEGORIES, OffloadConfig, Offloader
 
     _init(rank, world_size, port)
     out = Path(out_dir)
@@ -90,13 +98,21 @@ def offload_round_trip(rank: int, world_size: int, port: int, out_dir: str) -> N
     result = {}
     for name, offload in (("plain", False), ("offloaded", True)):
         trainer = build_trainer(config)
+        with torch.no_grad():  # owned by the allocator, as on a GPU (the CPU loader memory-maps the checkpoint)
+            for param in trainer.model.parameters():
+                if not param.untyped_storage().resizable():
+                    param.data = param.data.clone()
         batch.old_logprobs, _ = _gathered_old_logprobs(trainer, batch)
-        offloader = Offloader(OffloadConfig(weights=True, grads=True, optimizer=True), modules=[trainer.model],
-                              optimizer=trainer.optimizer, device=trainer.device)
+        offloader = Offloader(OffloadConfig(weights=True, grads=True, optimizer=True), trainer.offload_tensors,
+                              device=trainer.device)
         metrics = [trainer.train_on_batch(batch)]
         if offload:
-            offloader.offload(copy=True)
-            offloader.onload(copy=True)
+            listed = trainer.offload_tensors()
+            offloader.offload(force=True)
+            result["left_bytes"] = {category: sum(_local(t).untyped_storage().nbytes()
+                                                  for t in getattr(listed, category)) for category in CATEGORIES}
+            result["counted"] = {category: len(getattr(listed, category)) for category in CATEGORIES}
+            offloader.onload()
         metrics += [trainer.train_on_batch(batch), trainer.train_on_batch(batch)]
         result[name] = (metrics, trainer.rollout_state_dict())
     (out / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))

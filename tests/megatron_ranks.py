@@ -22,7 +22,6 @@ from pathlib import Path
 def cpu_as_cuda() -> None:
     import torch
     from megatron.core import tensor_parallel
-
     from megatron.core.tensor_parallel import random as megatron_random
 
     class _NoRngFork:  # dropout is 0 here: no generator to fork, no state to save for a recompute
@@ -145,6 +144,34 @@ def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_di
     torch.distributed.barrier()
 
 
+def offload_round_trip(trainer, reference, batch) -> dict:
+    """``actor.offload_*`` forced on the CPU (as on a GPU, where the host is another device) between two
+    updates: what is left on the device while away, and the reference's scores after the way back."""
+
+    from rlinf_search.workers.actor.logprobs import score_rows
+    from rlinf_search.workers.offload import OffloadConfig, Offloader, module_tensors
+
+    def tensors():
+        out = trainer.offload_tensors()
+        out.weights += module_tensors([reference], None).weights
+        return out
+
+    offloader = Offloader(OffloadConfig(weights=True, grads=True, optimizer=True), tensors, device=trainer.device)
+    offloader.offload(force=True)
+    listed = tensors()
+    buffers = [t for b in trainer.ddp.buffers for t in (b.param_data, b.grad_data)]
+    left = {name: sum(t.untyped_storage().nbytes() for t in getattr(listed, name) + (buffers if name == "weights"
+                                                                                        else []))
+            for name in ("weights", "grads", "optimizer")}
+    counted = {name: len(getattr(listed, name)) for name in left}
+    host = sum(h.numel() for pairs in offloader._away.values() for _, h in pairs)
+    offloader.onload()
+    _, ref = score_rows(reference, batch, rank=trainer.rank, world_size=trainer.world_size, packed=False,
+                        temperature=1.0, max_tokens=trainer.config.max_tokens_per_mbs, rows_per_pass=None,
+                        device=trainer.device)
+    return {"left_bytes": left, "counted": counted, "host_bytes": host, "ref_after": ref}
+
+
 def bf16_update_and_resume(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
     """Data parallel 2 under bf16 with full recompute: the dtype of every matmul of an update, where the fp32
     state lives and how it splits, the reference's scores, and a checkpoint round trip."""
@@ -188,6 +215,7 @@ def bf16_update_and_resume(rank: int, world_size: int, port: int, model_dir: str
     if rank == 0:
         state.save(folder / "training_state.pt")
     torch.distributed.barrier()
+    result["offload"] = offload_round_trip(trainer, reference, batch)
     result["next"] = (trainer.train_on_batch(batch), trainer.rollout_state_dict() if rank == 0 else None)
     from dataclasses import replace
 

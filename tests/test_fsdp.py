@@ -195,9 +195,9 @@ def test_chunked_logprobs_and_gradients_match_whole_logits(tiny_model_dir):
 
 @pytest.mark.parametrize("backend", ["fsdp", "ddp"])
 def test_offload_round_trip_leaves_training_unchanged(backend, tiny_model_dir, tmp_path):
-    """``actor.offload_*`` under the sharded backends: weights, gradients and Adam moments leave and come
-    back in fresh storage between updates, and the next two updates are those of a trainer never offloaded
-    (FSDP2 all-gathers from its own shard buffers, which must follow the parameters)."""
+    """``actor.offload_*`` under the data-parallel backends: weights, gradients and Adam moments give their
+    memory back between updates (FSDP2's shard buffers included: the old ``param.data`` swap left them in
+    place), and the next two updates are those of a trainer never offloaded."""
     batch = _uneven_batch(AutoTokenizer.from_pretrained(tiny_model_dir))
     config = _config(tiny_model_dir, training_backend=backend, dtype="bfloat16")
     (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
@@ -206,5 +206,7 @@ def test_offload_round_trip_leaves_training_unchanged(backend, tiny_model_dir, t
     for rank in range(2):
         result = pickle.loads((tmp_path / f"rank{rank}.pkl").read_bytes())
         (plain_metrics, plain_weights), (off_metrics, off_weights) = result["plain"], result["offloaded"]
+        assert result["left_bytes"] == {"weights": 0, "grads": 0, "optimizer": 0}, (rank, result["left_bytes"])
+        assert min(result["counted"].values()) > 0, result["counted"]
         assert off_metrics == plain_metrics, rank
         assert all(torch.equal(plain_weights[n], off_weights[n]) for n in plain_weights)

@@ -17,12 +17,19 @@ from dataclasses import replace
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from rlinf_search.config import ConfigError, validate_cfg
-from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.recipe_loader import compose_recipe
-from rlinf_search.workers.actor.backends import BackendUnavailable, require_training_backend
+from rlinf_search.workers.actor.backends import (
+    BackendUnavailable,
+    require_training_backend,
+)
 from rlinf_search.workers.actor.megatron.hf_io import read_hf_config, read_hf_state
 from rlinf_search.workers.actor.megatron.weights import QwenLayout, hf_to_megatron
 from tests.conftest import HOTPOT_DIR
@@ -182,7 +189,6 @@ def test_recipe_validates_on_cpu(recipe):
     (lambda c: c.actor.megatron.ckpt_convertor.update({"process_num": 16}),
      "actor.megatron.ckpt_convertor.process_num: unknown key"),
     (lambda c: c.actor.update({"training_backend": "deepspeed"}), "actor.training_backend: unknown 'deepspeed'"),
-    (lambda c: c.actor.update({"offload_optimizer": True}), "actor.offload_optimizer: not supported by actor.training_"),
     (lambda c: c.actor.update({"training_backend": "fsdp"}),
      "actor.model.tensor_model_parallel_size: read by actor.training_backend: megatron only"),
 ])
@@ -280,11 +286,12 @@ def test_megatron_trainer_update_matches_the_one_process_trainer(untied_model_di
         torch.testing.assert_close(tensor, updated[name], atol=1e-5, rtol=0, msg=name)
 
 
-def test_megatron_bf16_update_computes_in_bf16_keeps_fp32_state_split_over_ranks_and_resumes(untied_model_dir,
-                                                                                             tmp_path):
-    """The 3B recipe's settings at toy size (bf16, full recompute) on 2 data-parallel ranks: every matmul of the
-    forward, the recompute and the backward is bf16 (the old autocast path recomputed and back-propagated in
-    fp32); parameters are bf16, the optimizer's main weights fp32, its state split between the ranks."""
+def test_megatron_bf16_update_computes_in_bf16_splits_fp32_state_offloads_and_resumes(untied_model_dir,
+                                                                                     tmp_path):
+    """The 3B recipe's settings at toy size (bf16, full recompute, offload on) on 2 data-parallel ranks: every
+    matmul of the forward, the recompute and the backward is bf16 (the old autocast path recomputed and
+    back-propagated in fp32); parameters are bf16, the optimizer's main weights fp32, its state split between
+    the ranks; an offload frees megatron-core's buffers and the optimizer's slice and changes nothing."""
     from rlinf_search.workers.actor.megatron.config import MegatronConfig
     from tests.megatron_ranks import bf16_update_and_resume
     from tests.test_fsdp import _config, _uneven_batch
@@ -312,6 +319,17 @@ def test_megatron_bf16_update_computes_in_bf16_keeps_fp32_state_split_over_ranks
     total = 12 * ranks[0]["model_numel"]
     assert sum(r["state_bytes"] for r in ranks) >= total
     assert all(r["state_bytes"] < 0.55 * total for r in ranks), [r["state_bytes"] for r in ranks]
+    for result in ranks:
+        # Offload (forced: the host is the device here) frees the DDP parameter and gradient buffers, the
+        # reference and the optimizer's slice; host copies hold bf16 weights (policy and reference), fp32
+        # gradients and the 12-byte-a-parameter slice. The update after the round trip is checked below.
+        away = result["offload"]
+        assert away["left_bytes"] == {"weights": 0, "grads": 0, "optimizer": 0}, away["left_bytes"]
+        assert min(away["counted"].values()) > 0, away["counted"]
+        numel = result["model_numel"]
+        assert away["host_bytes"] >= 2 * numel * 2 + 4 * numel + result["state_bytes"]
+        torch.testing.assert_close(away["ref_after"], result["ref"], rtol=0, atol=0)
+    # The update after an offload round trip is the update of a trainer resumed from the checkpoint.
     (next_metrics, next_weights), (resumed_metrics, resumed_weights) = ranks[0]["next"], ranks[0]["resumed"]
     assert resumed_metrics == next_metrics
     assert all(torch.equal(next_weights[name], resumed_weights[name]) for name in next_weights)

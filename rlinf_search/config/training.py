@@ -5,13 +5,28 @@ keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_
 
 from __future__ import annotations
 
-from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
-from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_precision, get_registered, get_section
+from rlinf_search.algorithms import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    MISMATCH_CORRECTIONS,
+)
+from rlinf_search.config.readers import (
+    get,
+    get_bool,
+    get_float,
+    get_int,
+    get_precision,
+    get_registered,
+    get_section,
+)
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
-from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_config_from_actor
+from rlinf_search.workers.actor.megatron.config import (
+    MegatronConfig,
+    megatron_config_from_actor,
+)
 from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
 
@@ -63,13 +78,6 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
     if backend == "megatron" and checkpointing:
         raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
                           "by actor.model.recompute_granularity instead")
-    if backend == "megatron":
-        for key in ("actor.offload_weight", "actor.offload_grad", "actor.offload_optimizer"):
-            if get_bool(raw, key, False):
-                # Under megatron-core's DDP the parameters are views of its buffers and the optimizer is not a
-                # torch optimizer: moving them one by one would free nothing and break the views.
-                raise ConfigError(f"{key}: not supported by actor.training_backend megatron yet (its DDP buffers "
-                                  "and distributed optimizer are not offloaded); set it to false")
     ppo_epochs = get_int(raw, "algorithm.ppo_epochs", ActorConfig.ppo_epochs, minimum=1)
     n_minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
     return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,

@@ -59,8 +59,10 @@ class Worker:
         _env("RLINF_GROUP_NAME")  # outside a group there is no device to name
         return "cpu" if "RLINF_CPU_SLOT" in os.environ else "cuda:0"
 
-    def init_process_group(self, *, timeout_s: float = 600.0) -> None:
+    def init_process_group(self, *, timeout_s: float = 600.0, cpu_collectives: bool = False) -> None:
         """Join ``torch.distributed`` with the group's other ranks (gloo on CPU, nccl on GPU).
+        ``cpu_collectives``: on GPU, also gloo for CPU tensors (FSDP2 with its shards in CPU memory reduces
+        their gradient norm there).
 
         Every rank must call it at once (``launch(..., init_process_group=True)`` does); the
         rendezvous is ``MASTER_ADDR:MASTER_PORT``, a port the group reserved on rank 0's node.
@@ -69,7 +71,7 @@ class Worker:
 
         if dist.is_initialized():
             return
-        backend = "gloo" if self.device == "cpu" else "nccl"
+        backend = "gloo" if self.device == "cpu" else "cpu:gloo,cuda:nccl" if cpu_collectives else "nccl"
         dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.world_size,
                                 timeout=timedelta(seconds=timeout_s))
 

@@ -164,4 +164,6 @@ def init_single_process_group() -> None:
     if dist.is_initialized():
         return
     store = dist.FileStore(tempfile.NamedTemporaryFile(delete=False).name, 1)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=0, world_size=1)
+    # gloo beside nccl on a GPU: FSDP2 with its shards in CPU memory (``cpu_offload``) reduces on CPU tensors.
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)

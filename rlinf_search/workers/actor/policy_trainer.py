@@ -49,6 +49,7 @@ from rlinf_search.workers.actor.token_scoring import (
     packs_rows,
     to_device,
 )
+from rlinf_search.workers.offload import OffloadTensors, module_tensors
 
 
 def lr_lambda(config: OptimConfig):
@@ -82,6 +83,9 @@ class PolicyTrainer:
 
     packs_sequences = True
     """Whether this backend's model takes packed rows (``actor.model.use_remove_padding``)."""
+    serves_weights_from_host = False
+    """Whether ``rollout_state_dict`` reads a host copy made at the last update, not the device weights
+    (so a weight sync needs no offloaded weights brought back)."""
 
     def __init__(self, config: ActorConfig):
         self.config = config
@@ -127,6 +131,10 @@ class PolicyTrainer:
     def _clip_gradients(self) -> torch.Tensor:
         """Clip the global gradient norm to ``optim.clip_grad``; return the norm before clipping."""
         return self.parallel.clip_gradients(self.scorer.parameters(), self.config.optim.clip_grad)
+
+    def offload_tensors(self) -> OffloadTensors:
+        """What ``actor.offload_*`` may move off the device between phases (the worker adds the reference)."""
+        return module_tensors([self.model], self.optimizer)
 
     @property
     def gathers_weights_collectively(self) -> bool:

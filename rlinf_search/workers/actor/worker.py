@@ -25,7 +25,12 @@ from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.backends import build_trainer
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
-from rlinf_search.workers.offload import Offloader
+from rlinf_search.workers.offload import (
+    CATEGORIES,
+    Offloader,
+    OffloadTensors,
+    module_tensors,
+)
 
 
 class ActorWorker(Worker):
@@ -35,7 +40,7 @@ class ActorWorker(Worker):
         from transformers import AutoTokenizer
 
         if self.world_size > 1:
-            self.init_process_group()
+            self.init_process_group(cpu_collectives=config.fsdp_cpu_offload)
         start = config
         if resume_from:  # weights come from the checkpoint; optimizer state is loaded below
             start = replace(config, model_path=str(Path(resume_from) / HF_SUBDIR))
@@ -47,10 +52,16 @@ class ActorWorker(Worker):
         if resume_from:
             _, training_state = load_checkpoint(Path(resume_from))
             self.trainer.load_training_state(training_state, Path(resume_from))
-        # Between an update and the actor's next phase the engine may need the device (collocated).
-        modules = [self.trainer.model] + ([self.reference] if self.reference is not None else [])
-        self.offloader = Offloader(config.offload, optimizer=self.trainer.optimizer, device=self.trainer.device,
-                                   modules=modules)
+        # Between an update and the actor's next phase the engine may need the device (collocated); the first
+        # rollout comes before any update.
+        self.offloader = Offloader(config.offload, self._offload_tensors, device=self.trainer.device)
+        self.offloader.offload()
+
+    def _offload_tensors(self) -> OffloadTensors:
+        tensors = self.trainer.offload_tensors()
+        if self.reference is not None:
+            tensors.weights += module_tensors([self.reference], None).weights
+        return tensors
 
     def compute_logprobs(self, batch: RolloutBatch, *, old: bool, ref: bool) -> ForwardLogprobs:
         """This rank's share of ``batch`` (the whole batch), when no InferenceGroup sits apart from the
@@ -73,19 +84,26 @@ class ActorWorker(Worker):
     def train(self, batch: RolloutBatch) -> dict[str, float]:
         self.offloader.onload()
         metrics = self.trainer.train_on_batch(batch)
-        self.offloader.offload()  # weight sync and checkpoints read the weights wherever they are
+        self.offloader.offload()  # a weight sync or checkpoint brings back what it reads
         return metrics
 
     def weights_need_every_rank(self) -> bool:
         return self.trainer.gathers_weights_collectively
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return self.trainer.rollout_state_dict()
+        if self.trainer.serves_weights_from_host:
+            return self.trainer.rollout_state_dict()
+        with self.offloader.on_device("weights"):
+            return self.trainer.rollout_state_dict()
 
     def save(self, ckpt_dir: str, state: RunnerState, begun: bool = False) -> str | None:
         """Every rank gathers the weights (and, with ``fsdp``, writes its optimizer shard into the staged
         checkpoint); rank 0 writes the rest and seals it. ``begun``: the driver staged the checkpoint with
         ``begin_checkpoint`` and other groups' parts are already in it."""
+        with self.offloader.on_device(*CATEGORIES):
+            return self._save(ckpt_dir, state, begun)
+
+    def _save(self, ckpt_dir: str, state: RunnerState, begun: bool) -> str | None:
         if not begun:
             if self.rank == 0:
                 begin_checkpoint(Path(ckpt_dir), state.global_step)

@@ -11,7 +11,7 @@ from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.scheduler import Worker
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.critic.value_trainer import ValueTrainer
-from rlinf_search.workers.offload import Offloader, OffloadConfig
+from rlinf_search.workers.offload import CATEGORIES, OffloadConfig, Offloader
 
 
 class CriticWorker(Worker):
@@ -29,8 +29,9 @@ class CriticWorker(Worker):
             self.trainer = ValueTrainer.from_checkpoint(config, Path(resume_from) / CRITIC_SUBDIR)
         else:
             self.trainer = ValueTrainer(config)
-        self.offloader = Offloader(offload, modules=[self.trainer.model], optimizer=self.trainer.optimizer,
-                                   device=self.trainer.device)
+        self.offloader = Offloader.for_modules(offload, [self.trainer.model], self.trainer.optimizer,
+                                               device=self.trainer.device)
+        self.offloader.offload()  # the first rollout comes before any update
 
     def compute_values(self, batch: RolloutBatch) -> tuple[list[int], torch.Tensor]:
         """This rank's share of ``batch`` (the whole batch): its rows and their values under the current
@@ -41,10 +42,11 @@ class CriticWorker(Worker):
     def train(self, batch: RolloutBatch) -> dict[str, float]:
         self.offloader.onload()
         metrics = self.trainer.train_on_batch(batch)
-        self.offloader.offload()  # checkpoints read the weights wherever they are
+        self.offloader.offload()  # a checkpoint brings back what it reads
         return metrics
 
     def save(self, folder: str) -> None:
         """The critic into ``folder`` (the ``critic/`` of a checkpoint being staged); every rank joins the
         gather, rank 0 writes."""
-        self.trainer.save(Path(folder))
+        with self.offloader.on_device(*CATEGORIES):
+            self.trainer.save(Path(folder))

@@ -97,6 +97,17 @@ def optimizer_state_bytes(optimizer: MegatronOptimizer) -> int:
     return total
 
 
+def optimizer_tensors(optimizer: MegatronOptimizer) -> list[torch.Tensor]:
+    """This rank's fp32 main weights and Adam state: what ``actor.offload_optimizer`` moves."""
+    out = []
+    for inner in _chained(optimizer):
+        for group in inner.optimizer.param_groups:
+            out.extend(group["params"])
+        for state in inner.optimizer.state.values():
+            out.extend(v for v in state.values() if torch.is_tensor(v))
+    return out
+
+
 class LambdaSchedule:
     """``LambdaLR`` for an optimizer that is not a ``torch.optim.Optimizer`` (megatron-core's): every param
     group's lr is ``lr x factor(steps taken)``; ``state_dict`` reads like ``LambdaLR``'s ``last_epoch``."""

@@ -49,6 +49,7 @@ from rlinf_search.workers.actor.megatron.optimizer import (
     MegatronDataParallel,
     build_distributed_optimizer,
     load_optimizer_shard,
+    optimizer_tensors,
     save_optimizer_shard,
     step_if_finite,
     wrap_data_parallel,
@@ -57,6 +58,7 @@ from rlinf_search.workers.actor.megatron.weights import StateDict
 from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer, lr_lambda
 from rlinf_search.workers.actor.token_scoring import TokenScorer
+from rlinf_search.workers.offload import OffloadTensors, module_tensors
 
 
 class MegatronPolicyTrainer(PolicyTrainer):
@@ -73,6 +75,7 @@ class MegatronPolicyTrainer(PolicyTrainer):
 
     # ---- PolicyTrainer hooks ------------------------------------------------------------------
     packs_sequences = False  # the GPTModel wrapper takes padded rows with an attention mask
+    serves_weights_from_host = True  # gathered to rank 0's host after each update (``_refresh_hf_state``)
 
     def _build_model(self) -> torch.nn.Module:
         self.dtype = COMPUTE_DTYPES[self.config.dtype]
@@ -122,6 +125,15 @@ class MegatronPolicyTrainer(PolicyTrainer):
     def _apply_gradients(self) -> float:
         self.ddp.finish_grad_sync()
         return step_if_finite(self.optimizer)
+
+    def offload_tensors(self) -> OffloadTensors:
+        """The parameters are views of megatron-core's DDP parameter buffer and ``main_grad`` views of its fp32
+        gradient buffer, so those buffers are what moves; the optimizer's part is its fp32 main-weight slice
+        and Adam state."""
+        tensors = module_tensors([self.gpt], None)
+        tensors.grads = [p.main_grad for p in self.gpt.parameters() if getattr(p, "main_grad", None) is not None]
+        tensors.optimizer = optimizer_tensors(self.optimizer)
+        return tensors
 
     def build_reference(self, model_path: str) -> torch.nn.Module:
         """The frozen starting policy: a ``GPTModel`` sharded like the policy, in the compute dtype."""
