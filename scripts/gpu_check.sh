@@ -9,8 +9,10 @@
 # Steps: the machine and versions; tests/test_gpu.py (FSDP2 bf16 update, packed vs padded rows through the GPU
 # attention kernels, 0.5B peak memory against toolkits.memory_plan); benchmarks/gpu_actor_step.py at the
 # Qwen2.5-3B shape for FSDP2 and for Megatron (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py
-# (the dtype of every matmul of a Megatron update with full recompute, forward and backward apart). The step
-# timeouts add up to under 10 minutes, the longest one call may run. Results go into docs/benchmarks.md section 7.
+# (the dtype of every matmul of a Megatron update with full recompute, forward and backward apart);
+# benchmarks/offload_memory.py for FSDP2 and Megatron at the 0.5B shape (device memory before, during and after
+# actor.offload_*). The step timeouts add up to 13 minutes, past the 10 one call may run: the
+# steps before the offload ones took 5 min 45 s in all on an H200; on a short loan pick steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md section 7.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -21,9 +23,11 @@ LOG="$OUT/gpu_check.log"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY="${PY:-python3}"
 
+STEPS="${GPU_CHECK_STEPS:-all}"  # e.g. GPU_CHECK_STEPS="machine offload_fsdp" runs just those (a short loan)
 step() {  # step NAME SECONDS COMMAND...: run one check under its own timeout, its output in the log
     local name="$1" seconds="$2"
     shift 2
+    [[ "$STEPS" == all || " $STEPS " == *" $name "* ]] || return 0
     echo "== $name (timeout ${seconds} s): $*" | tee -a "$LOG"
     local started=$SECONDS
     timeout --kill-after=10 "$seconds" "$@" 2>&1 | grep -v "warnings.warn\|UserWarning" | tee -a "$LOG"
@@ -43,4 +47,6 @@ step test_gpu 130 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
 step gpu_actor_step_fsdp 130 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b
 step gpu_actor_step_megatron 200 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --backend megatron
 step matmul_dtypes 100 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends megatron --recompute full
+step offload_fsdp 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend fsdp
+step offload_megatron 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend megatron
 echo "gpu_check: done; log in $LOG" | tee -a "$LOG"
