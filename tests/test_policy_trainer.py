@@ -79,6 +79,25 @@ def test_logprobs_match_unpadded_forward(tiny_model_dir):
         torch.testing.assert_close(batched[row, : len(traj.response_ids)], expected, atol=1e-4, rtol=0)
 
 
+def test_log_prob_passes_skip_the_entropy_and_training_passes_keep_it(tiny_model_dir, monkeypatch):
+    """Old and reference log-probs never read the entropy: their passes skip its softmax over the vocabulary
+    (counted on the real head's logits), while an update's passes compute it."""
+    trainer = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir)))
+    batch = _prepared_batch(trainer, AutoTokenizer.from_pretrained(tiny_model_dir))
+    vocab, real_softmax, over_vocabulary = trainer.model.config.vocab_size, torch.softmax, []
+
+    def watched(tensor, *args, **kwargs):
+        if tensor.shape[-1] == vocab:
+            over_vocabulary.append(tensor.shape[0])
+        return real_softmax(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "softmax", watched)
+    trainer.compute_logprobs(batch)
+    scoring = len(over_vocabulary)
+    trainer.train_on_batch(batch)
+    assert scoring == 0 and len(over_vocabulary) > scoring, (scoring, len(over_vocabulary))
+
+
 def test_micro_batching_gives_the_same_update(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     optim = OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=1e9)

@@ -48,7 +48,7 @@ def score_rows(scorer: torch.nn.Module, batch: RolloutBatch, *, rank: int, world
         part = batch.select(group) if group else padding_row(batch)
         layout = to_device(layout_batch(part, packed=packed, model_tokens_only=True), device)
         with autocast if autocast is not None else contextlib.nullcontext():
-            flat = scorer(layout, temperature=temperature).logprobs
+            flat = scorer(layout, temperature=temperature, with_entropy=False).logprobs
         if group:
             out[torch.tensor(group), : part.response_length] = layout.to_rows(flat.float()).cpu()
     scorer.train(was_training)

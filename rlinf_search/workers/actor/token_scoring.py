@@ -113,7 +113,7 @@ def layout_batch(batch: RolloutBatch, *, packed: bool, model_tokens_only: bool =
 
 
 def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                entropy_grad: bool, candidates: torch.Tensor | None = None):
+                entropy_grad: bool, candidates: torch.Tensor | None = None, with_entropy: bool = True):
     logits = head(hidden).float() / temperature
     normaliser = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
@@ -121,7 +121,9 @@ def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tens
     def entropy() -> torch.Tensor:
         return normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
-    if entropy_grad:
+    if not with_entropy:  # a softmax over the vocabulary per token saved (old and reference log-prob passes)
+        ent = None
+    elif entropy_grad:
         ent = entropy()
     else:
         with torch.no_grad():
@@ -137,14 +139,16 @@ class ScoredTokens(NamedTuple):
 
     logprobs: torch.Tensor
     """[K] log-prob of each target."""
-    entropy: torch.Tensor
-    """[K] entropy of the distribution each target was drawn from (a gradient only when asked for)."""
+    entropy: torch.Tensor | None
+    """[K] entropy of the distribution each target was drawn from (a gradient only when asked for); None when
+    not asked for (``with_entropy=False``)."""
     candidate_logprobs: torch.Tensor | None
     """[K, k] log-probs of the layout's ``candidates`` at each target's position, or None."""
 
 
 def chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float,
-                     chunk_tokens: int, entropy_grad: bool, candidates: torch.Tensor | None = None) -> ScoredTokens:
+                     chunk_tokens: int, entropy_grad: bool, candidates: torch.Tensor | None = None,
+                     with_entropy: bool = True) -> ScoredTokens:
     """Log-probs and entropy of ``targets`` (and of ``candidates``, [K, k]) from their predicting ``hidden``
     states ([K, H]), ``chunk_tokens`` at a time; with gradients on, each chunk's logits are recomputed in
     backward instead of kept."""
@@ -152,14 +156,14 @@ def chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch
     for start in range(0, hidden.shape[0], chunk_tokens):
         stop = start + chunk_tokens
         args = (head, hidden[start:stop], targets[start:stop], temperature, entropy_grad,
-                None if candidates is None else candidates[start:stop])
+                None if candidates is None else candidates[start:stop], with_entropy)
         if torch.is_grad_enabled():
             parts.append(checkpoint(_head_chunk, *args, use_reentrant=False))
         else:
             parts.append(_head_chunk(*args))
     empty = hidden.new_zeros(0, dtype=torch.float32)
     logprobs = torch.cat([part[0] for part in parts]) if parts else empty
-    entropy = torch.cat([part[1] for part in parts]) if parts else empty
+    entropy = (torch.cat([part[1] for part in parts]) if parts else empty) if with_entropy else None
     chosen = None
     if candidates is not None:
         chosen = torch.cat([part[2] for part in parts]) if parts else hidden.new_zeros((0, candidates.shape[1]),
@@ -182,8 +186,9 @@ class TokenScorer(torch.nn.Module):
         head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
         self._split_head = head is not None and hasattr(lm, "base_model") and lm.base_model is not lm
 
-    def forward(self, layout: ScoringLayout, *, temperature: float = 1.0, entropy_grad: bool = False) -> ScoredTokens:
-        """Log-probs and entropy of the layout's targets (and of its candidates), in its order."""
+    def forward(self, layout: ScoringLayout, *, temperature: float = 1.0, entropy_grad: bool = False,
+                with_entropy: bool = True) -> ScoredTokens:
+        """Log-probs and (``with_entropy``) entropy of the layout's targets (and of its candidates), in its order."""
         device = layout.input_ids.device
         candidates = None if layout.candidates is None else layout.candidates.to(device)
         kwargs = dict(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask)
@@ -192,11 +197,12 @@ class TokenScorer(torch.nn.Module):
             picked = hidden.reshape(-1, hidden.shape[-1])[layout.predictors.to(device)]
             return chunked_logprobs(self.lm.get_output_embeddings(), picked, layout.targets.to(device),
                                     temperature=temperature, chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad,
-                                    candidates=candidates)
+                                    candidates=candidates, with_entropy=with_entropy)
         logits = self.lm(**kwargs).logits
         picked = logits.reshape(-1, logits.shape[-1])[layout.predictors.to(device)]
         return chunked_logprobs(torch.nn.Identity(), picked, layout.targets.to(device), temperature=temperature,
-                                chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad, candidates=candidates)
+                                chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad, candidates=candidates,
+                                with_entropy=with_entropy)
 
 
 def to_device(layout: ScoringLayout, device: torch.device | str) -> ScoringLayout:
