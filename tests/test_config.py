@@ -71,6 +71,8 @@ def test_resolvers_and_deprecated_key(cfg, caplog):
      or c.inference.update({"load_from_actor": False}), "inference.load_from_actor: false would score"),
     (lambda c: c.algorithm.update({"logprob_forward_micro_batch_size": 0}),
      "algorithm.logprob_forward_micro_batch_size must be >= 1"),
+    (lambda c: c.actor.model.update({"attn_implementation": "flash_attn"}),
+     "actor.model.attn_implementation: unknown 'flash_attn'; use one of eager, sdpa, flash_attention_2"),
 ])
 def test_broken_rules_name_the_key(cfg, change, message):
     change(cfg)

@@ -189,6 +189,8 @@ def test_recipe_validates_on_cpu(recipe):
     (lambda c: c.actor.megatron.ckpt_convertor.update({"process_num": 16}),
      "actor.megatron.ckpt_convertor.process_num: unknown key"),
     (lambda c: c.actor.update({"training_backend": "deepspeed"}), "actor.training_backend: unknown 'deepspeed'"),
+    (lambda c: c.actor.model.update({"attn_implementation": "sdpa"}),
+     "actor.model.attn_implementation: read by the HF backends (fsdp, ddp) only"),
     (lambda c: c.actor.update({"training_backend": "fsdp"}),
      "actor.model.tensor_model_parallel_size: read by actor.training_backend: megatron only"),
 ])

@@ -98,6 +98,28 @@ def test_log_prob_passes_skip_the_entropy_and_training_passes_keep_it(tiny_model
     assert scoring == 0 and len(over_vocabulary) > scoring, (scoring, len(over_vocabulary))
 
 
+def test_attn_implementation_loads_the_policy_and_reference_with_that_kernel(tiny_model_dir):
+    """``actor.model.attn_implementation`` from the config file to the models the actor trains and scores with;
+    eager and the default (sdpa) score the same tokens alike."""
+    from omegaconf import OmegaConf
+
+    from rlinf_search.config import validate_cfg
+    from tests.conftest import HOTPOT_DIR
+
+    cfg = OmegaConf.load("examples/searchr1/config/tiny-cpu.yaml")
+    cfg.data.train_data_paths, cfg.data.val_data_paths = [str(HOTPOT_DIR / "test.jsonl")], []
+    cfg.actor.model.attn_implementation = "eager"
+    actor = validate_cfg(cfg).actor
+    assert actor.attn_implementation == "eager"
+    eager = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), attn_implementation=actor.attn_implementation))
+    default = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir)))
+    reference = eager.build_reference(str(tiny_model_dir))
+    assert eager.model.config._attn_implementation == reference.lm.config._attn_implementation == "eager"
+    assert default.model.config._attn_implementation == "sdpa"
+    batch = collate_trajectories(_trajectories(AutoTokenizer.from_pretrained(tiny_model_dir)), [0] * 4, pad_id=0)
+    torch.testing.assert_close(_logprobs(eager, batch), _logprobs(default, batch), atol=1e-5, rtol=0)
+
+
 def test_micro_batching_gives_the_same_update(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     optim = OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=1e9)

@@ -22,6 +22,7 @@ from rlinf_search.config.readers import (
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 from rlinf_search.workers.actor.megatron.config import (
     MegatronConfig,
@@ -92,6 +93,7 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
                        logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size",
                                                     ActorConfig.logprob_chunk_tokens, minimum=1),
                        fsdp_cpu_offload=_fsdp_cpu_offload(raw, backend),
+                       attn_implementation=_attn_implementation(raw, backend),
                        seed=seed, forward_micro_batch_size=forward_rows(raw),
                        shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", ActorConfig.shuffle_rollout),
                        offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", OffloadConfig.weights),
@@ -107,6 +109,20 @@ def _fsdp_cpu_offload(raw: dict, backend: str) -> bool:
         raise ConfigError(f"actor.fsdp_config.cpu_offload: read by actor.training_backend: fsdp only, and this run "
                           f"uses {backend}")
     return offload
+
+
+def _attn_implementation(raw: dict, backend: str) -> str | None:
+    """``actor.model.attn_implementation``: the HF attention kernel; megatron-core brings its own attention."""
+    name = get(raw, "actor.model.attn_implementation", ActorConfig.attn_implementation)
+    if name is None:
+        return None
+    if backend == "megatron":
+        raise ConfigError("actor.model.attn_implementation: read by the HF backends (fsdp, ddp) only; megatron-core's "
+                          "layer spec sets the attention of actor.training_backend: megatron")
+    if name not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"actor.model.attn_implementation: unknown '{name}'; use one of "
+                          f"{', '.join(ATTN_IMPLEMENTATIONS)}, or null for transformers' default")
+    return name
 
 
 def forward_rows(raw: dict) -> int | None:

@@ -94,6 +94,10 @@ class ActorConfig:
     pack_sequences: bool = True
     """``actor.model.use_remove_padding``: a micro-batch's rows go through the model as one packed sequence
     (position ids restart per row), so no padding token is computed."""
+    attn_implementation: str | None = None
+    """``actor.model.attn_implementation``: the HF attention kernel of the actor's models (policy, reference,
+    the InferenceGroup's copies): ``sdpa``, ``eager``, ``flash_attention_2``, ... (``hf_model.py``); None
+    keeps transformers' default (sdpa). A flash kernel is what lets ``pack_sequences`` pack rows."""
     logprob_chunk_tokens: int = 1024
     """``actor.model.logprob_chunk_size``: response tokens per LM-head chunk when computing log-probs."""
     fsdp_cpu_offload: bool = False

@@ -35,6 +35,7 @@ from rlinf_search.data.rank_plan import (
     run_minibatches,
 )
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+from rlinf_search.workers.actor.hf_model import load_causal_lm
 from rlinf_search.workers.actor.logprobs import score_rows
 from rlinf_search.workers.actor.parallel import (
     COMPUTE_DTYPES,
@@ -106,9 +107,8 @@ class PolicyTrainer:
 
     def _build_model(self) -> torch.nn.Module:
         """The trainable policy in fp32 (the master weights), on ``self.device``."""
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=torch.float32).to(self.device)
+        return load_causal_lm(self.config.model_path, dtype=torch.float32,
+                              attn_implementation=self.config.attn_implementation).to(self.device)
 
     def _build_optimizer(self):
         """AdamW over the trainable parameters and its lr schedule (``LambdaLR`` of ``lr_lambda``)."""
@@ -245,9 +245,8 @@ class PolicyTrainer:
     def build_reference(self, model_path: str) -> torch.nn.Module:
         """The frozen policy at ``model_path`` as a scorer in the compute precision (it never trains), placed
         like the policy (sharded under ``fsdp``)."""
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=COMPUTE_DTYPES[self.config.dtype])
+        model = load_causal_lm(model_path, dtype=COMPUTE_DTYPES[self.config.dtype],
+                               attn_implementation=self.config.attn_implementation)
         scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.config.logprob_chunk_tokens)
         scorer.requires_grad_(False)
         if isinstance(self.parallel, FullySharded):

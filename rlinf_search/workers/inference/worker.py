@@ -13,6 +13,7 @@ import torch
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.config import ActorConfig
+from rlinf_search.workers.actor.hf_model import load_causal_lm
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
 from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
 from rlinf_search.workers.actor.token_scoring import TokenScorer, packs_rows
@@ -36,10 +37,9 @@ class InferenceWorker(Worker):
         self.packed = loaded is not None and packs_rows(loaded.lm, actor.pack_sequences)
 
     def _load(self) -> TokenScorer:
-        from transformers import AutoModelForCausalLM
-
         # Forward passes only: the compute precision is all it needs (no master weights).
-        model = AutoModelForCausalLM.from_pretrained(self.actor.model_path, dtype=COMPUTE_DTYPES[self.actor.dtype])
+        model = load_causal_lm(self.actor.model_path, dtype=COMPUTE_DTYPES[self.actor.dtype],
+                               attn_implementation=self.actor.attn_implementation)
         scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.actor.logprob_chunk_tokens)
         scorer.requires_grad_(False)
         return scorer
