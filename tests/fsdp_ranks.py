@@ -48,6 +48,7 @@ def train_steps(rank: int, world_size: int, port: int, out_dir: str) -> None:
     batch.old_logprobs, rows = _gathered_old_logprobs(trainer, batch)
     metrics = trainer.train_on_batch(batch)
     weights = trainer.rollout_state_dict()
+    sync_weights = trainer.rollout_state_dict(torch.bfloat16)  # a weight sync to bf16 receivers
     local_params = {name: (str(p.dtype), tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape))
                     for name, p in trainer.scorer.named_parameters()}
     optim_dtypes = {str(v.dtype) for state in trainer.optimizer.state.values() for k, v in state.items()
@@ -67,7 +68,8 @@ def train_steps(rank: int, world_size: int, port: int, out_dir: str) -> None:
     after_first = trainer.train_on_batch(batch)
     after_resume = resumed.train_on_batch(batch)
     next_weights, resumed_weights = trainer.rollout_state_dict(), resumed.rollout_state_dict()
-    result = {"rows": rows, "metrics": metrics, "weights": weights, "local_params": local_params,
+    result = {"rows": rows, "metrics": metrics, "weights": weights, "sync_weights": sync_weights,
+              "local_params": local_params,
               "optim_dtypes": optim_dtypes, "next": (after_first, next_weights), "resumed": (after_resume, resumed_weights)}
     (out / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     dist.barrier()

@@ -25,6 +25,20 @@ def test_tiny_config_validates(cfg):
     assert run.agent_loop.max_response_tokens == cfg.runner.seq_length - cfg.data.max_prompt_length
     assert run.actor.loss.kl_beta == 0.001 and run.actor.optim.total_steps == cfg.runner.max_steps * 2
     assert run.search.server_addr == "127.0.0.1:8000"
+    assert run.actor.sync_dtype is None, "an fp32 rollout gets fp32 weights"
+
+
+@pytest.mark.parametrize("rollout, inference, expected", [
+    ("bf16", None, "bfloat16"), ("fp16", None, "float16"), ("fp32", None, None),
+    ("bf16", "bf16", "bfloat16"), ("fp16", "bf16", None),  # fp32 -> bf16 -> fp16 would round twice
+])
+def test_weights_leave_in_the_dtype_every_receiver_loads(cfg, rollout, inference, expected):
+    cfg.rollout.model.precision = rollout
+    if inference is not None:  # the InferenceGroup's policy copy, in the actor's compute dtype
+        cfg.actor.model.precision = inference
+        cfg.cluster.component_placement = {"actor,rollout,reward": "0", "inference": "1"}
+        cfg.cluster.num_gpus_per_node = 2
+    assert validate_cfg(cfg).actor.sync_dtype == expected
 
 
 def test_resolvers_and_deprecated_key(cfg, caplog):

@@ -100,6 +100,13 @@ def test_two_ranks_match_one_process_on_uneven_micro_batches(backend, tiny_model
     assert ranks[1]["weights"] == {}, "rank 0 alone holds the gathered weights"
     for name, tensor in ranks[0]["weights"].items():
         torch.testing.assert_close(tensor, expected_weights[name], atol=1e-5, rtol=0, msg=name)
+    # A weight sync to bf16 receivers gathers each tensor cast on the device: the fp32 gather, rounded once.
+    sync = ranks[0]["sync_weights"]
+    assert sync.keys() == ranks[0]["weights"].keys() and ranks[1]["sync_weights"] == {}
+    for name, tensor in ranks[0]["weights"].items():
+        assert sync[name].dtype == torch.bfloat16 and torch.equal(sync[name], tensor.to(torch.bfloat16)), name
+    if backend == "fsdp":  # the tied LM head is the embedding: gathered once, one tensor under both names
+        assert sync["lm_head.weight"] is sync["model.embed_tokens.weight"]
     grad_norms = [r["metrics"]["actor/grad_norm"] for r in ranks]
     assert grad_norms[0] == pytest.approx(grad_norms[1]) == pytest.approx(expected["actor/grad_norm"], rel=1e-4)
     assert expected["actor/grad_norm"] > 0.5, "the clip was active on both sides"

@@ -54,6 +54,7 @@ def test_training_configs_load_with_their_settings_mapped(name, data_file, caplo
     assert run.actor.loss.kl_beta == 0.001 and run.actor.loss.clip_ratio_c is None
     assert not run.normalize_advantages and run.actor.max_tokens_per_mbs == 11008
     assert run.actor.offload.weights and run.actor.offload.optimizer and run.actor.offload.grads
+    assert run.actor.sync_dtype == "float16", "weights leave in the fp16 the rollout loads"
     if name == "qwen2.5-3b-tool-1node":
         assert run.actor.training_backend == "megatron" and run.actor.dtype == "bfloat16"  # fp16 -> bf16
         assert run.actor.megatron.recompute_granularity == "full"

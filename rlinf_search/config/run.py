@@ -7,7 +7,7 @@ their own sections of ``RunConfig`` (``ActorConfig``, ``RewardConfig``, ...), ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -255,6 +255,13 @@ def _inference(raw: dict, placement: Placement, *, recompute: bool, kl_beta: flo
         raise ConfigError(str(exc)) from None
 
 
+def sync_dtype(receivers: list[str]) -> str | None:
+    """The dtype weights are sent in: the one 16-bit dtype all ``receivers`` load, else None (fp32). Casting to
+    anything else first would round twice (fp32 -> bf16 -> fp16 is not fp32 -> fp16)."""
+    kinds = set(receivers)
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"float16", "bfloat16"} else None
+
+
 def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     """Check the whole config once; return its typed view. Raises ``ConfigError`` naming the key."""
     raw = resolve_raw(cfg, schema=SCHEMA)
@@ -278,13 +285,17 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     seed = get_int(raw, "data.seed", RunConfig.seed)
     actor = actor_config(raw, model_path=rollout.model_path, max_response_tokens=runner.seq_length - limit.max_prompt_tokens,
                          temperature=sampling.temperature, run_steps=total_steps, seed=seed)
+    inference = _inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta,
+                           group_name=groups["inference"])
+    # The InferenceGroup's policy copy (recomputed old log-probs on devices of its own) loads the compute dtype.
+    receivers = [rollout.dtype] + ([actor.dtype] if inference.separate and recompute else [])
+    actor = replace(actor, sync_dtype=sync_dtype(receivers))
     return RunConfig(
         cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
         agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths,
         val_data_paths=val_paths, rollout_batch_size=batch, group_size=group_size, adv_type=adv_type,
         recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", RunConfig.shuffle),
-        inference=_inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta,
-                             group_name=groups["inference"]),
+        inference=inference,
         seed=seed, prompt_limit=limit, reward=reward_config(raw), actor_group=groups["actor"],
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),

@@ -96,9 +96,12 @@ class ObjectStoreTransport(WeightTransport):
         self._spec = spec
 
     def send(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        arrays, dtypes = {}, {}
+        arrays, dtypes, converted = {}, {}, {}
         for name, tensor in state_dict.items():
-            arrays[name], dtypes[name] = _to_numpy(tensor)
+            # A tensor listed under two names (a tied LM head) becomes one array, which pickle stores once.
+            if id(tensor) not in converted:
+                converted[id(tensor)] = _to_numpy(tensor)
+            arrays[name], dtypes[name] = converted[id(tensor)]
         ref = ray.put((version, arrays, dtypes))
         for index in range(self._spec.num_receivers):
             self._spec.channel.put([ref], key=index)  # in a list, so the reference travels, not the data

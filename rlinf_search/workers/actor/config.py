@@ -117,6 +117,12 @@ class ActorConfig:
     forward_micro_batch_size: int | None = None
     """``algorithm.logprob_forward_micro_batch_size``: rows per forward-only pass (old and reference
     log-probs); None packs rows by ``max_tokens_per_mbs`` instead."""
+    sync_dtype: str | None = None
+    """The dtype the weights leave in at each weight sync: the one every receiver (the rollout engine, and the
+    InferenceGroup's policy copy) loads them into, ``float16`` or ``bfloat16``, so the cast happens once on the
+    actor's device and the gather, the host copy and the transfer are half of fp32's. None (receivers of
+    different or fp32 dtypes, or ``auto``): fp32, each receiver casts. Set by ``validate_cfg``; checkpoints
+    keep fp32."""
     offload: OffloadConfig = OffloadConfig()
     """``actor.offload_weight`` / ``offload_grad`` / ``offload_optimizer``: what leaves the device
     after each update until the actor's next phase."""

@@ -67,11 +67,12 @@ class Replicated:
     def clip_gradients(self, parameters, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
 
-    def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """``module``'s weights on CPU, on rank 0 (None elsewhere: ranks hold the same weights)."""
+    def full_state_dict(self, module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
+        """``module``'s weights on CPU, on rank 0 (None elsewhere: ranks hold the same weights); floating-point
+        ones cast to ``dtype`` on the device first when given."""
         if self.rank != 0:
             return None
-        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
+        return {name: _cast(tensor.detach(), dtype).to("cpu", copy=True) for name, tensor in module.state_dict().items()}
 
     def optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
         """The ``TrainingState`` fields that keep the optimizer: the whole state (written by rank 0)."""
@@ -121,15 +122,27 @@ class FullySharded(Replicated):
         norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
-    def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """Gathered on every rank (a collective), kept on rank 0's CPU only."""
+    def full_state_dict(self, module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
+        """Gathered on every rank (a collective), kept on rank 0's CPU only. With ``dtype``, one tensor at a time
+        is gathered and cast on the device before it leaves: rank 0's host holds the model in ``dtype`` only,
+        never the fp32 whole."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
         )
 
-        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.rank == 0 else None
+        if dtype is None:
+            state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return state if self.rank == 0 else None
+        out, done = {}, {}
+        for name, tensor in module.state_dict(keep_vars=True).items():  # every rank in the same order
+            if id(tensor) in done:  # a tied weight (the LM head is the embedding): gathered once, listed twice
+                out[name] = done[id(tensor)]
+                continue
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            done[id(tensor)] = out[name] = _cast(full.detach(), dtype).to("cpu", copy=True) if self.rank == 0 else None
+            del full
+        return out if self.rank == 0 else None
 
     def optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
         """Each rank writes its shard to ``folder/optimizer_shards`` (a collective); the ``TrainingState``
@@ -155,6 +168,11 @@ class FullySharded(Replicated):
         target = {"optimizer": get_optimizer_state_dict(root, optimizer)}
         dcp.load(target, checkpoint_id=str(Path(folder) / state.optimizer_shards))
         set_optimizer_state_dict(root, optimizer, target["optimizer"])
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """Floating-point tensors to ``dtype`` (integer buffers stay as they are)."""
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def init_single_process_group() -> None:

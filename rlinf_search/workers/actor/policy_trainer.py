@@ -254,10 +254,11 @@ class PolicyTrainer:
         return scorer
 
     # ---- weights and state ------------------------------------------------------------------
-    def rollout_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's full weights in HF names, on CPU, on rank 0 ({} elsewhere). With ``fsdp`` every rank
-        must call it: the shards are gathered."""
-        state = self.parallel.full_state_dict(self.scorer)
+    def rollout_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy's full weights in HF names, on CPU, on rank 0 ({} elsewhere); floating-point ones in
+        ``dtype`` when given (a weight sync's), else fp32 (a checkpoint's). With ``fsdp`` every rank must call
+        it: the shards are gathered."""
+        state = self.parallel.full_state_dict(self.scorer, dtype)
         if state is None:
             return {}
         return {name.removeprefix("lm."): tensor for name, tensor in state.items()}

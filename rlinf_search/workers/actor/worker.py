@@ -91,10 +91,12 @@ class ActorWorker(Worker):
         return self.trainer.gathers_weights_collectively
 
     def get_weights(self) -> dict[str, torch.Tensor]:
+        """The weights for a sync, in the dtype every receiver loads (``actor.sync_dtype``; fp32 when None)."""
+        dtype = None if self.config.sync_dtype is None else getattr(torch, self.config.sync_dtype)
         if self.trainer.serves_weights_from_host:
-            return self.trainer.rollout_state_dict()
+            return self.trainer.rollout_state_dict(dtype)
         with self.offloader.on_device("weights"):
-            return self.trainer.rollout_state_dict()
+            return self.trainer.rollout_state_dict(dtype)
 
     def save(self, ckpt_dir: str, state: RunnerState, begun: bool = False) -> str | None:
         """Every rank gathers the weights (and, with ``fsdp``, writes its optimizer shard into the staged
