@@ -54,4 +54,20 @@ def build_nothing(*args, **kwargs):
     raise NotImplementedError
 
 
+def recording_hf_engine(config, *, device=None, seed=0):
+    """The HF engine, keeping the sampling parameters of every request it is sent (``.requests``)."""
+    from rlinf_search.workers.rollout.hf_engine import build_hf_engine
+
+    engine = build_hf_engine(config, device=device, seed=seed)
+    engine.requests = []
+    generate = engine.generate
+
+    async def recorded(prompt_ids, sampling):
+        engine.requests.append(sampling)
+        return await generate(prompt_ids, sampling)
+
+    engine.generate = recorded
+    return engine
+
+
 NOT_CALLABLE = 3

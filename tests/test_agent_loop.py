@@ -170,3 +170,28 @@ def test_server_killed_mid_batch_then_restarted(tokenizer, hotpot_index_dir, hot
         loop = SearchR1AgentLoop(ScriptedEngine(tokenizer, turns), tool, tokenizer, AgentLoopConfig(max_turns=2))
         clean = asyncio.run(loop.run_batch(records))
     assert all(t.search_errors == 0 and "Search failed" not in t.response_text for t in clean)
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_rollout_seeded_decides_who_seeds_each_request(seeded, tiny_model_dir, inprocess_tool_config, monkeypatch):
+    """``rollout.seeded`` through the rollout worker and a real HF engine: true gives every request a seed of
+    its own (distinct per trajectory and turn); false sends none, and the engine's shared generator samples."""
+    from rlinf_search.workers.rollout.config import RolloutConfig
+    from rlinf_search.workers.rollout.worker import RolloutWorker
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "RLINF_GROUP_NAME": "RolloutGroup",
+                        "RLINF_CPU_SLOT": "0"}.items():
+        monkeypatch.setenv(name, value)  # what the worker group sets on a rank
+    rollout = RolloutConfig(backend="tests.registry_plugins:recording_hf_engine", model_path=str(tiny_model_dir),
+                            seeded=seeded)
+    worker = RolloutWorker(rollout, AgentLoopConfig(max_turns=1, max_tokens_per_turn=8), inprocess_tool_config,
+                           seed=5)
+    state = worker.rng_state()
+    trajectories = worker.rollout(_records(2), 2)
+    assert len(trajectories) == 4 and worker.rng_state() != state, "a seed is drawn per call either way"
+    seeds = [request.seed for request in worker.engine.requests]
+    assert len(seeds) >= 4
+    if seeded:
+        assert None not in seeds and len(set(seeds)) == len(seeds)
+    else:
+        assert set(seeds) == {None}

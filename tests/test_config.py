@@ -26,6 +26,7 @@ def test_tiny_config_validates(cfg):
     assert run.actor.loss.kl_beta == 0.001 and run.actor.optim.total_steps == cfg.runner.max_steps * 2
     assert run.search.server_addr == "127.0.0.1:8000"
     assert run.actor.sync_dtype is None, "an fp32 rollout gets fp32 weights"
+    assert run.rollout.seeded, "exact resume by default"
 
 
 @pytest.mark.parametrize("rollout, inference, expected", [

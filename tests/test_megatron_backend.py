@@ -178,6 +178,7 @@ def test_recipe_validates_on_cpu(recipe):
     assert run.group_size == 5 and run.rollout_batch_size == 512 and run.agent_loop.max_turns == 4
     assert run.agent_loop.max_tokens_per_turn == run.agent_loop.max_obs_tokens == 500 and run.search.topk == 3
     assert run.runner.seq_length == 4096 and run.actor.dtype == "bfloat16"
+    assert not run.rollout.seeded, "the GPU recipes leave sampling to vLLM's batched sampler"
 
 
 @pytest.mark.parametrize("change, message", [

@@ -41,7 +41,7 @@ SCHEMA: dict[str, Any] = {
                   "retokenize": None},
     "tools": {"search": "*"},  # checked by SearchToolConfig.from_dict
     "rollout": {"group_name": None, "rollout_backend": None, "max_running_requests": None,
-                "gpu_memory_utilization": None, "tensor_parallel_size": None,
+                "gpu_memory_utilization": None, "tensor_parallel_size": None, "seeded": None,
                 "model": {"model_path": None, "precision": None}},
     "inference": {"group_name": None, "load_from_actor": None},
     "data": {"max_prompt_length": None, "filter_overlong_prompts": None, "truncation": None,

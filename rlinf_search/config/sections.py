@@ -69,7 +69,8 @@ def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> R
             max_running_requests=get_int(raw, "rollout.max_running_requests", RolloutConfig.max_running_requests),
             gpu_memory_utilization=get_float(raw, "rollout.gpu_memory_utilization",
                                              RolloutConfig.gpu_memory_utilization),
-            tensor_parallel_size=get_int(raw, "rollout.tensor_parallel_size", RolloutConfig.tensor_parallel_size))
+            tensor_parallel_size=get_int(raw, "rollout.tensor_parallel_size", RolloutConfig.tensor_parallel_size),
+            seeded=get_bool(raw, "rollout.seeded", RolloutConfig.seeded))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -25,6 +25,11 @@ class RolloutConfig:
     FSDP actor, leave the rest to the actor; on CPU it is the share of RAM, and about 0.3 suits a laptop."""
     tensor_parallel_size: int = 1
     """Devices one engine spans. Each rollout rank drives exactly one device in this build, so 1."""
+    seeded: bool = True
+    """``rollout.seeded``: every request samples with its own seed, derived from the rank's checkpointed
+    generator, so a resumed run replays the rollout exactly and a request's tokens do not depend on what it
+    was batched with. false: requests draw from the engine's shared generator, which vLLM samples in one
+    batched pass (seeded requests take its per-request-generator path); a resume then samples anew."""
 
     def __post_init__(self) -> None:
         if not self.model_path:

@@ -21,6 +21,7 @@ class RolloutWorker(Worker):
     def __init__(self, rollout: RolloutConfig, agent_loop: AgentLoopConfig, search: SearchToolConfig, seed: int):
         """``seed``: ``data.seed``; rank r samples from seed + r."""
         self.agent_loop, self.search = agent_loop, search
+        self.seeded = rollout.seeded
         self.engine = build_engine(rollout, device=self.device, seed=seed + self.rank)
         self.weight_version = 0
         # Each rollout call draws one seed from here and every request of the call derives its own
@@ -33,7 +34,9 @@ class RolloutWorker(Worker):
         loop_config = self.agent_loop
         if greedy:
             loop_config = replace(loop_config, sampling=replace(loop_config.sampling, greedy=True))
-        seed = int(torch.randint(0, 2**62, (1,), generator=self.seeds))
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.seeds))  # drawn either way: resumes stay aligned
+        if not self.seeded:
+            seed = None  # rollout.seeded false: the engine's own generator samples every request
 
         async def run() -> list[Trajectory]:
             # The search client's connections belong to one event loop: one client per call.
