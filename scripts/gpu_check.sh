@@ -11,7 +11,8 @@
 # Qwen2.5-3B shape for FSDP2 and for Megatron (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py
 # (the dtype of every matmul of a Megatron update with full recompute, forward and backward apart);
 # benchmarks/offload_memory.py for FSDP2 and Megatron at the 0.5B shape (device memory before, during and after
-# actor.offload_*). The step timeouts add up to 13 minutes, past the 10 one call may run: the
+# actor.offload_*); benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight sync, fp32 against
+# bf16). The step timeouts add up to 15 minutes, past the 10 one call may run: the
 # steps before the offload ones took 5 min 45 s in all on an H200; on a short loan pick steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md section 7.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,4 +50,5 @@ step gpu_actor_step_megatron 200 "$PY" benchmarks/gpu_actor_step.py --shape qwen
 step matmul_dtypes 100 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends megatron --recompute full
 step offload_fsdp 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend fsdp
 step offload_megatron 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend megatron
+step weight_sync 150 "$PY" benchmarks/weight_sync.py --ranks 1 --shape qwen2.5-1.5b --dtypes float32,bfloat16
 echo "gpu_check: done; log in $LOG" | tee -a "$LOG"
