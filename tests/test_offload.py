@@ -128,6 +128,9 @@ def test_on_device_brings_back_only_what_it_names_and_sends_it_away_again(tiny_m
         assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
         assert _bytes_held(listed.optimizer) == 0 and _bytes_held(listed.grads) == 0
     assert _bytes_held(listed.weights) == 0 and offloader.offloaded
+    offloader.onload(["weights"])
+    with offloader.on_device("weights"):  # already there: nothing else comes back with them
+        assert _bytes_held(listed.optimizer) == 0
     offloader.onload()
     assert not offloader.offloaded and _bytes_held(listed.optimizer) > 0
 

@@ -138,7 +138,7 @@ class Offloader:
     @torch.no_grad()
     def onload(self, categories: Iterable[str] | None = None) -> None:
         """Bring back ``categories`` (all that are away by default)."""
-        names = [name for name in (categories or CATEGORIES) if name in self._away]
+        names = [name for name in (CATEGORIES if categories is None else categories) if name in self._away]
         swapped = [pair for name in names for pair in self._away[name] or []]
         for storage, host in swapped:
             storage.resize_(host.numel())
