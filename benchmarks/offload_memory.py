@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'device':<26}{'backend':<10}{'shape':<14}{'params':>8}{'on GiB':>8}{'away GiB':>9}{'reserved':>9}"
           f"{'back GiB':>9}{'host GiB':>9}{'1st out s':>10}{'out s':>7}{'in s':>7}{'exact':>7}{'finite':>7}")
     print(f"{device:<26}{args.backend:<10}{args.shape:<14}{n_params / 1e9:>7.2f}B{on_device:>8.2f}{away:>9.2f}"
-          f"{reserved:>9.2f}{back:>9.2f}{host:>9.2f}{first_s:>10.2f}{offload_s:>7.2f}{onload_s:>7.2f}{str(exact):>7}{str(finite):>7}")
+          f"{reserved:>9.2f}{back:>9.2f}{host:>9.2f}{first_s:>10.2f}{offload_s:>7.2f}{onload_s:>7.2f}{exact!s:>7}{finite!s:>7}")
     print("host copies: " + ", ".join(f"{name} {gib:.2f} GiB" for name, gib in host_by.items()))
     return 0 if exact and finite else 1
 
