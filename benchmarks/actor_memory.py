@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toolkits.memory_plan import plan_actor_memory  # noqa: E402
+from rlinf_search.workers.actor.memory_plan import plan_actor_memory  # noqa: E402
 from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch  # noqa: E402
 
 GIB = 1024 ** 3

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlinf_search.workers.actor.backends import build_trainer
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-    from toolkits.memory_plan import plan_actor_memory
+    from rlinf_search.workers.actor.memory_plan import plan_actor_memory
     from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke

@@ -62,7 +62,7 @@ def test_peak_memory_within_ten_percent_of_the_plan(tmp_path):
     """One update of Qwen2.5-0.5B's full shape (FSDP2 at one rank, every saver on): the allocator's peak
     against ``toolkits.memory_plan``, the rules docs/recipes.md's 3B plan is computed from."""
     from rlinf_search.workers.actor.config import ActorConfig, PolicyLossConfig
-    from toolkits.memory_plan import plan_actor_memory
+    from rlinf_search.workers.actor.memory_plan import plan_actor_memory
     from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch
 
     random_model("qwen2.5-0.5b", dtype=torch.bfloat16).save_pretrained(tmp_path)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_search.retrieval.corpus import CorpusStore
@@ -49,7 +51,7 @@ def test_memory_plan_counts_the_parameters_of_every_qwen_shape():
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from toolkits.memory_plan import plan_actor_memory
+    from rlinf_search.workers.actor.memory_plan import plan_actor_memory
     from toolkits.model_shapes import QWEN25_SHAPES, qwen_config
 
     for shape in QWEN25_SHAPES:
@@ -115,3 +117,32 @@ def test_demo_seeds_table_reads_each_run(tmp_path):
                         "0.20 / 0.95 | 0.5 + 1.0 + 4.0 + 0.5, 3.0, 10.0 |")
     assert lines[3].startswith("| run2_seed0_avx2 | 0 | AVX2 | failed")
     assert "Machine: a CPU; torch kernels: AVX512" in done.stdout and "torch kernels: AVX2" in done.stdout
+
+
+@pytest.mark.parametrize("backend, ranks, gib, refused", [
+    ("fsdp", 8, 80, False),       # the FSDP recipe's settings on 8 x 80 GB
+    ("fsdp", 1, 80, False),       # one H200-class GPU ran it at 51.5 GiB (docs/benchmarks.md section 7)
+    ("fsdp", 1, 24, True),
+    ("ddp", 8, 40, True),         # a whole fp32 copy with AdamW on every rank: 16 B a parameter
+    ("megatron", 1, 48, True),    # the Megatron plan at one rank: about 60 GiB
+    ("megatron", 8, 48, False),
+])
+def test_an_actor_update_that_cannot_fit_its_gpu_is_refused_in_one_line(tmp_path, backend, ranks, gib, refused):
+    """The check an actor rank runs on a GPU before it loads weights, for Qwen2.5-3B's real config at the 3B
+    recipes' micro-batch (8,192 tokens, KL on)."""
+    from rlinf_search.workers.actor.config import ActorConfig, PolicyLossConfig
+    from rlinf_search.workers.actor.megatron.config import MegatronConfig
+    from rlinf_search.workers.actor.memory_plan import plan_exceeds_device
+    from toolkits.model_shapes import qwen_config
+
+    qwen_config("qwen2.5-3b").save_pretrained(tmp_path)
+    config = ActorConfig(model_path=str(tmp_path), training_backend=backend, max_tokens_per_mbs=8192,
+                         loss=PolicyLossConfig(kl_beta=0.001),
+                         megatron=MegatronConfig() if backend == "megatron" else None)
+    problem = plan_exceeds_device(config, ranks=ranks, device_bytes=gib * 1024 ** 3)
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert problem.startswith("actor memory plan: one update needs about") and "\n" not in problem
+        assert f"this GPU has {gib:.1f} GiB" in problem and "runner.max_tokens_per_mbs" in problem
+    # Nothing to plan for without a micro-batch budget.
+    assert plan_exceeds_device(replace(config, max_tokens_per_mbs=None), ranks=ranks, device_bytes=1) is None

@@ -25,6 +25,7 @@ from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.backends import build_trainer
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
+from rlinf_search.workers.actor.memory_plan import plan_exceeds_device
 from rlinf_search.workers.offload import (
     CATEGORIES,
     Offloader,
@@ -39,6 +40,11 @@ class ActorWorker(Worker):
     def __init__(self, config: ActorConfig, resume_from: str | None = None):
         from transformers import AutoTokenizer
 
+        if torch.cuda.is_available():  # before any weight loads: a plan that cannot fit stops here, in one line
+            problem = plan_exceeds_device(config, ranks=self.world_size,
+                                          device_bytes=torch.cuda.get_device_properties(0).total_memory)
+            if problem:
+                raise RuntimeError(problem)
         if self.world_size > 1:
             self.init_process_group(cpu_collectives=config.fsdp_cpu_offload)
         start = config
