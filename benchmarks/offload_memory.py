@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlinf_search.workers.actor.backends import build_trainer
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-    from rlinf_search.workers.offload import CATEGORIES, OffloadConfig, Offloader
+    from rlinf_search.workers.offload import CATEGORIES, OffloadConfig, Offloader, local_shard
     from toolkits.model_shapes import random_model, random_rollout_batch
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
@@ -87,12 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated() / GIB
 
-    def local(tensor):
-        return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
     def snapshot() -> list:
         listed = trainer.offload_tensors()
-        return [local(t).detach().to("cpu", copy=True) for name in CATEGORIES for t in getattr(listed, name)]
+        return [local_shard(t).detach().to("cpu", copy=True) for name in CATEGORIES for t in getattr(listed, name)]
 
     before = snapshot()
     offloader = Offloader(OffloadConfig(weights=True, grads=True, optimizer=True), trainer.offload_tensors,

@@ -79,11 +79,6 @@ def train_steps(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os._exit(0)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank; any other tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
 def offload_round_trip(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Two trainers on the same batch, one of them offloaded and brought back (forced, as on a GPU) between its
     first and second updates; the metrics of three updates, the final weights of each, and the bytes the
@@ -91,7 +86,7 @@ def offload_round_trip(rank: int, world_size: int, port: int, out_dir: str) -> N
     import torch.distributed as dist
 
     from rlinf_search.workers.actor.backends import build_trainer
-    from rlinf_search.workers.offload import CATEGORIES, OffloadConfig, Offloader
+    from rlinf_search.workers.offload import CATEGORIES, OffloadConfig, Offloader, local_shard
 
     _init(rank, world_size, port)
     out = Path(out_dir)
@@ -111,7 +106,7 @@ def offload_round_trip(rank: int, world_size: int, port: int, out_dir: str) -> N
         if offload:
             listed = trainer.offload_tensors()
             offloader.offload(force=True)
-            result["left_bytes"] = {category: sum(_local(t).untyped_storage().nbytes()
+            result["left_bytes"] = {category: sum(local_shard(t).untyped_storage().nbytes()
                                                   for t in getattr(listed, category)) for category in CATEGORIES}
             result["counted"] = {category: len(getattr(listed, category)) for category in CATEGORIES}
             offloader.onload()

@@ -5,29 +5,14 @@ keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_
 
 from __future__ import annotations
 
-from rlinf_search.algorithms import (
-    KL_ESTIMATORS,
-    LOSS_AGGREGATIONS,
-    MISMATCH_CORRECTIONS,
-)
-from rlinf_search.config.readers import (
-    get,
-    get_bool,
-    get_float,
-    get_int,
-    get_precision,
-    get_registered,
-    get_section,
-)
+from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
+from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_precision, get_registered, get_section
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
-from rlinf_search.workers.actor.megatron.config import (
-    MegatronConfig,
-    megatron_config_from_actor,
-)
+from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_config_from_actor
 from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
 

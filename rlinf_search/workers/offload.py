@@ -61,13 +61,20 @@ class OffloadTensors:
     """Optimizer state tensors, and any main-weight copies the optimizer keeps."""
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (what holds its memory); any other tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def module_tensors(modules: Iterable[torch.nn.Module], optimizer: torch.optim.Optimizer | None) -> OffloadTensors:
     """What torch modules and a torch optimizer hold. FSDP2 modules are resharded first: after a forward
     without backward the root keeps its gathered weights, which no sharded parameter points at."""
+    from torch.distributed.fsdp import FSDPModule
+
     out = OffloadTensors()
     for module in modules:
         for sub in module.modules():
-            if hasattr(sub, "reshard") and type(sub).__name__.startswith("FSDP"):
+            if isinstance(sub, FSDPModule):
                 sub.reshard()
         for param in module.parameters():
             out.weights.append(param)
@@ -163,7 +170,7 @@ class Offloader:
     def _storages(self, tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
         out = []
         for tensor in tensors:
-            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard
+            local = local_shard(tensor)
             if not _same_device(local.device, self.device):
                 continue  # kept elsewhere already (FSDP2's CPU offload, a CPU step counter)
             out.append(local.untyped_storage())

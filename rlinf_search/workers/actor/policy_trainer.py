@@ -37,19 +37,8 @@ from rlinf_search.data.rank_plan import (
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import load_causal_lm
 from rlinf_search.workers.actor.logprobs import score_rows
-from rlinf_search.workers.actor.parallel import (
-    COMPUTE_DTYPES,
-    FullySharded,
-    Replicated,
-    init_single_process_group,
-    world,
-)
-from rlinf_search.workers.actor.token_scoring import (
-    TokenScorer,
-    layout_batch,
-    packs_rows,
-    to_device,
-)
+from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES, FullySharded, Replicated, init_single_process_group, world
+from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, packs_rows, to_device
 from rlinf_search.workers.offload import OffloadTensors, module_tensors
 
 

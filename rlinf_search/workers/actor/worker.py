@@ -7,6 +7,7 @@ is a collective every rank joins; rank 0 then holds the full weights and writes 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,12 +27,7 @@ from rlinf_search.workers.actor.backends import build_trainer
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
 from rlinf_search.workers.actor.memory_plan import plan_exceeds_device
-from rlinf_search.workers.offload import (
-    CATEGORIES,
-    Offloader,
-    OffloadTensors,
-    module_tensors,
-)
+from rlinf_search.workers.offload import CATEGORIES, Offloader, OffloadTensors, module_tensors
 
 
 class ActorWorker(Worker):
@@ -99,9 +95,8 @@ class ActorWorker(Worker):
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The weights for a sync, in the dtype every receiver loads (``actor.sync_dtype``; fp32 when None)."""
         dtype = None if self.config.sync_dtype is None else getattr(torch, self.config.sync_dtype)
-        if self.trainer.serves_weights_from_host:
-            return self.trainer.rollout_state_dict(dtype)
-        with self.offloader.on_device("weights"):
+        on_host = self.trainer.serves_weights_from_host  # nothing on the device to bring back
+        with contextlib.nullcontext() if on_host else self.offloader.on_device("weights"):
             return self.trainer.rollout_state_dict(dtype)
 
     def save(self, ckpt_dir: str, state: RunnerState, begun: bool = False) -> str | None:

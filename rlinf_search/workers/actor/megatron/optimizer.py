@@ -86,15 +86,7 @@ def step_if_finite(optimizer: MegatronOptimizer) -> float:
 
 def optimizer_state_bytes(optimizer: MegatronOptimizer) -> int:
     """Bytes this rank holds of fp32 main parameters and Adam state (its slice under the distributed optimizer)."""
-    total = 0
-    for inner in _chained(optimizer):
-        torch_optimizer = inner.optimizer
-        for group in torch_optimizer.param_groups:
-            total += sum(p.numel() * p.element_size() for p in group["params"])
-        for state in torch_optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values()
-                         if torch.is_tensor(v) and v.dim() > 0)
-    return total
+    return sum(t.numel() * t.element_size() for t in optimizer_tensors(optimizer) if t.dim() > 0)  # no step counts
 
 
 def optimizer_tensors(optimizer: MegatronOptimizer) -> list[torch.Tensor]:

@@ -31,11 +31,7 @@ from megatron.core import parallel_state
 from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.workers.actor.config import ActorConfig
-from rlinf_search.workers.actor.megatron.hf_io import (
-    read_hf_config,
-    read_hf_state,
-    write_hf_model,
-)
+from rlinf_search.workers.actor.megatron.hf_io import read_hf_config, read_hf_state, write_hf_model
 from rlinf_search.workers.actor.megatron.model import (
     MegatronCausalLM,
     build_gpt_model,
