@@ -2,6 +2,7 @@
 
     python benchmarks/actor_memory.py                       # Qwen2.5-0.5B's shape (2 of its 24 layers), 2 ranks
     python benchmarks/actor_memory.py --layers 4 --mbs-tokens 2048,8192 --cases fsdp-all,ddp-none
+    python benchmarks/actor_memory.py --cases ddp-none,fsdp-none,megatron-none --mbs-tokens 2048   # the state split
 
 Each case spawns the ranks (gloo), builds the trainer the workers build (``workers.actor.backends``) on a
 random model of Qwen2.5's published shape (151,936-token vocabulary, tied embeddings, grouped-query
@@ -10,7 +11,11 @@ to ``--row-tokens`` tokens, ``--mbs-tokens`` per micro-batch. Memory is tracked 
 ``MemTracker`` (a dispatch mode that sees every tensor storage the update allocates and frees, on any
 device), so the figures are tensor bytes, not allocator or RSS noise:
 
-- ``state``: parameters + gradients + optimizer state held by the rank after the update (exact);
+- ``state``: parameters + gradients + optimizer state held by the rank after the update (exact). Under
+  ``megatron`` (megatron-core's DDP and distributed optimizer, run on this CPU the way the tests run it)
+  the parameters are bf16 (its DDP parameter buffer), the gradients its fp32 gradient buffer (whole on
+  every rank: it is reduce-scattered into, not sharded) and the optimizer state the rank's slice of fp32
+  main weights and Adam moments;
 - ``peak``: the highest total of live tensor bytes during the update;
 - ``plan``: what ``toolkits.memory_plan`` predicts for the peak (FSDP with every saver on);
 - ``rest``: peak - state, the activations, logits and temporaries one micro-batch needs; ``rest/1k``
@@ -54,13 +59,13 @@ class Case:
     """One row of the table: a backend and which memory savers are on."""
 
     backend: str
-    """``ddp`` or ``fsdp`` (``actor.training_backend``)."""
+    """``ddp``, ``fsdp`` or ``megatron`` (``actor.training_backend``)."""
     checkpointing: bool
-    """``actor.model.enable_gradient_checkpointing``."""
+    """``actor.model.enable_gradient_checkpointing``; under megatron, full recompute of every layer."""
     chunked: bool
     """Log-probs over 1,024-token LM-head chunks; off = one chunk of the whole micro-batch."""
     packed: bool
-    """``actor.model.use_remove_padding``."""
+    """``actor.model.use_remove_padding`` (not under megatron: its model takes padded rows)."""
 
     @property
     def name(self) -> str:
@@ -71,8 +76,10 @@ class Case:
 CASES = {case.name: case for case in (
     Case("ddp", False, False, False), Case("fsdp", False, False, False),
     Case("fsdp", True, False, False), Case("fsdp", False, True, False), Case("fsdp", False, False, True),
-    Case("fsdp", True, True, True), Case("ddp", True, True, True))}
+    Case("fsdp", True, True, True), Case("ddp", True, True, True),
+    Case("megatron", False, False, False), Case("megatron", True, True, False))}
 CASES["fsdp-all"], CASES["ddp-all"] = CASES["fsdp-ckpt+chunk+pack"], CASES["ddp-ckpt+chunk+pack"]
+CASES["megatron-all"] = CASES["megatron-ckpt+chunk"]
 DEFAULT_CASES = ["ddp-none", "fsdp-none", "fsdp-ckpt", "fsdp-chunk", "fsdp-pack", "fsdp-all", "ddp-all"]
 
 
@@ -116,10 +123,45 @@ def _rank_bytes(tensors) -> int:
     return total
 
 
+def _unique_storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (megatron-core's parameters and gradients are views
+    of a few flat buffers)."""
+    seen = {}
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        storage = local.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _megatron_config(case: Case):
+    from rlinf_search.workers.actor.megatron.config import MegatronConfig
+
+    if case.checkpointing:
+        return MegatronConfig(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return MegatronConfig()
+
+
+def _state(trainer, case: Case) -> dict:
+    """Parameters, gradients and optimizer state this rank holds (bytes)."""
+    if case.backend == "megatron":
+        from rlinf_search.workers.actor.megatron.optimizer import optimizer_state_bytes
+
+        buffers = trainer.ddp.buffers
+        return {"params": _unique_storage_bytes(b.param_data for b in buffers),
+                "grads": _unique_storage_bytes(b.grad_data for b in buffers),
+                "optimizer": optimizer_state_bytes(trainer.optimizer)}
+    params = list(trainer.scorer.parameters())
+    return {"params": _rank_bytes(params), "grads": _rank_bytes(p.grad for p in params if p.grad is not None),
+            "optimizer": _rank_bytes(v for s in trainer.optimizer.state.values() for k, v in s.items()
+                                     if torch.is_tensor(v) and k != "step")}
+
+
 def _run_rank(rank: int, world_size: int, port: int, case: Case, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
     from rlinf_search.workers.actor.backends import build_trainer
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+    from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
 
     from transformers.utils import logging as hf_logging
 
@@ -128,23 +170,32 @@ def _run_rank(rank: int, world_size: int, port: int, case: Case, args: argparse.
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if case.backend == "megatron":
+        sys.path.insert(0, str(ROOT))
+        from tests.megatron_ranks import cpu_as_cuda
+
+        cpu_as_cuda()  # megatron-core's CUDA-only calls mapped to the CPU, as in the tests
     config = ActorConfig(model_path=args.model_dir, training_backend=case.backend, dtype="bfloat16",
-                         gradient_checkpointing=case.checkpointing, pack_sequences=case.packed,
-                         logprob_chunk_tokens=1024 if case.chunked else 1 << 30,
+                         gradient_checkpointing=case.checkpointing and case.backend != "megatron",
+                         pack_sequences=case.packed, logprob_chunk_tokens=1024 if case.chunked else 1 << 30,
                          max_tokens_per_mbs=args.mbs, n_minibatches=1, shuffle_rollout=False,
-                         optim=OptimConfig(lr=1e-6, total_steps=10), loss=PolicyLossConfig(kl_beta=0.0))
+                         optim=OptimConfig(lr=1e-6, total_steps=10), loss=PolicyLossConfig(kl_beta=0.0),
+                         megatron=_megatron_config(case) if case.backend == "megatron" else None)
     trainer = build_trainer(config)
-    batch = random_rollout_batch(rows=args.batch_rows, row_tokens=args.row_tokens, prompt_tokens=256)
-    params = list(trainer.scorer.parameters())
-    before = _rank_bytes(params)  # the (sharded) fp32 parameters; everything else is allocated in the update
+    # Prompts of 256 tokens (a quarter of the row when rows are shorter than 1,024), responses the rest.
+    batch = random_rollout_batch(rows=args.batch_rows, row_tokens=args.row_tokens,
+                                 prompt_tokens=min(256, args.row_tokens // 4))
+    # What exists before the update: FSDP's and DDP's sharded or whole fp32 parameters; megatron-core's
+    # buffers and fp32 main weights (made at start-up). Everything else is allocated in the update.
+    before = sum(_state(trainer, case).values())
     tracker = LiveTensorBytes()
     started = time.perf_counter()
     with tracker:
-        trainer.train_on_batch(batch)
+        # The update alone: megatron's trainer then gathers the new weights to rank 0's host for the rollout,
+        # a host copy on a GPU machine, left out here.
+        PolicyTrainer.train_on_batch(trainer, batch)
     seconds = time.perf_counter() - started
-    state = {"params": _rank_bytes(params), "grads": _rank_bytes(p.grad for p in params if p.grad is not None),
-             "optimizer": _rank_bytes(v for s in trainer.optimizer.state.values() for k, v in s.items()
-                                      if torch.is_tensor(v) and k != "step")}
+    state = _state(trainer, case)
     peak = before + tracker.peak
     tokens = int(batch.attention_mask.sum())
     result = {**state, "peak": peak, "seconds": seconds, "tokens": tokens}
@@ -163,7 +214,7 @@ def _estimated_peak(case: Case, args, params: int) -> float:
     """A rough bound (bytes per rank) to skip cases this machine cannot hold: 16 B a parameter (DDP) or
     16/ranks (FSDP), 2 GiB of gathered layers and activations, and 16 B per logit (bf16 and fp32 copies,
     log-softmax and their gradients) of the micro-batch, or of one chunk."""
-    state = 16 * params / (args.ranks if case.backend == "fsdp" else 1)
+    state = {"fsdp": 16 / args.ranks, "ddp": 16, "megatron": 6 + 12 / args.ranks}[case.backend] * params
     logits_tokens = min(args.mbs, 1024) if case.chunked else args.mbs
     return state + 2 * GIB + 16 * logits_tokens * VOCAB
 
@@ -241,6 +292,10 @@ def _print_ratios(results) -> None:
         ddp, fsdp = by.get(("ddp-none", budget)), by.get(("fsdp-none", budget))
         if ddp and fsdp:
             print(f"mbs {budget}: FSDP state / DDP state = {fsdp['state'] / ddp['state']:.2f}")
+        megatron = by.get(("megatron-none", budget)) or by.get(("megatron-ckpt+chunk", budget))
+        if ddp and megatron:
+            print(f"mbs {budget}: Megatron state / DDP state = {megatron['state'] / ddp['state']:.2f} "
+                  f"(its optimizer slice / DDP's AdamW state = {megatron['optimizer'] / ddp['optimizer']:.2f})")
         full = by.get(("fsdp-ckpt+chunk+pack", budget))
         if fsdp and full:
             rest_none, rest_all = fsdp["peak"] - fsdp["state"], full["peak"] - full["state"]

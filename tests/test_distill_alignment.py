@@ -11,6 +11,7 @@ import torch
 from rlinf_search.distill.alignment import char_extents, from_shared_ids, from_text_offsets
 from rlinf_search.distill.config import DistillConfig, TeacherConfig
 from rlinf_search.distill.signal import combine, distill_term, reverse_kl, turn_ids
+from rlinf_search.distill.teacher import TopK
 
 
 def test_shared_tokenizer_takes_the_value_at_the_same_position():
@@ -58,6 +59,33 @@ def test_char_extents_follow_growing_prefixes():
 
     assert char_extents(decode, [1, 2, 3]) == [(0, 2), (2, 5), (5, 7)]
     assert char_extents(decode, [1, 4]) == [(0, 2), None]
+
+
+def _prefix_extents(decode, ids):
+    """The definition: each token's growth of the decoded prefix (quadratic; ``char_extents`` is linear)."""
+    extents, previous = [], 0
+    for end in range(1, len(ids) + 1):
+        text = decode(ids[:end])
+        if text.endswith("\ufffd"):
+            extents.append(None)
+            continue
+        extents.append((previous, len(text)))
+        previous = len(text)
+    return extents
+
+
+MIXED_TEXT = " Zoë Saldaña, Ærø and Łódź; 東京は日本の首都 🇯🇵 👩‍👩‍👧 — <answer>São Paulo</answer>"
+
+
+def test_char_extents_are_the_prefix_growth_on_accents_cjk_and_emoji(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer(MIXED_TEXT, add_special_tokens=False)["input_ids"]
+    extents = char_extents(tokenizer.decode, ids)
+    assert extents == _prefix_extents(tokenizer.decode, ids)
+    assert None in extents  # some characters take several byte tokens here
+    assert max(e[1] for e in extents if e) == len(tokenizer.decode(ids))
 
 
 def test_a_real_tokenizer_pair_aligns_on_shared_boundaries(tiny_model_dir):
@@ -111,6 +139,17 @@ def test_discount_sums_the_rest_of_the_turn_only():
     assert term.tolist() == [[-2.0, -2.0, 0.0, -4.0]]
 
 
+def test_centring_comes_after_the_discounted_sum_so_length_adds_no_bias():
+    """Two trajectories with the same total KL (3) reach their first token with the same term, whatever their
+    length: the baseline is the mean of what each token answers for, taken after the sum. (Centred first, the
+    3-token row's first token got -1.5 x coef and the 1-token row's +1.5 x coef.)"""
+    kl = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    term = distill_term(kl, mask.bool(), mask, _config(discount=1.0))
+    # sums: row 0 (3, 2, 1), row 1 (3); their mean 2.25 is the baseline
+    assert term.tolist() == [[-0.75, 0.25, 1.25], [-0.75, 0.0, 0.0]]
+
+
 def test_add_and_only_modes():
     advantages = torch.tensor([[1.0, 1.0, 0.0]])
     term = torch.tensor([[-0.5, 0.25, 0.0]])
@@ -150,10 +189,13 @@ def test_top_k_needs_a_shared_tokenizer_and_may_train_alone():
 
 def test_shared_tokenizer_carries_the_teachers_top_k_on_scored_tokens():
     teacher = [None, -0.1, -0.2, -0.3, -0.4]
-    top = [[], [(5, -0.1)], [(6, -0.2), (9, -2.0)], [(7, -0.3)], []]  # the server gave no top for the last
+    inf = math.inf  # the server gave no top for the first and the last position
+    top = TopK(ids=torch.tensor([[0, 0], [5, 0], [6, 9], [7, 0], [0, 0]]),
+               logprobs=torch.tensor([[-inf, -inf], [-0.1, -inf], [-0.2, -2.0], [-0.3, -inf], [-inf, -inf]]))
     aligned = from_shared_ids(teacher, prompt_length=2, response_mask=[1, 0, 1], top=top)
     assert aligned.scored == [True, False, False] and aligned.unaligned == 1
-    assert aligned.top == [[(6, -0.2), (9, -2.0)], [], []]
+    assert aligned.top.ids.tolist() == [[6, 9], [0, 0], [0, 0]]
+    assert aligned.top.logprobs.tolist() == [[pytest.approx(-0.2), -2.0], [-inf, -inf], [-inf, -inf]]
 
 
 def test_teacher_settings_name_the_key():

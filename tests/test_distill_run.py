@@ -44,8 +44,8 @@ def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_p
     assert first["distill/scored_token_fraction"] == 1.0 and first["distill/failed_trajectories"] == 0
     assert abs(first["distill/reverse_kl"]) < 1e-4, first["distill/reverse_kl"]
     assert first["distill/teacher_logprob_mean"] < 0 and first["distill/teacher_latency_s"] > 0
-    # The top-5 KL of a student to itself is -log(its top-5 mass): above 0, and small on a peaked model.
-    assert 0 < first["actor/teacher_top_k_kl"] < 5, first["actor/teacher_top_k_kl"]
+    # The top-5 KL (with the leftover-mass bucket) of a student to itself is 0 too.
+    assert abs(first["actor/teacher_top_k_kl"]) < 1e-3, first["actor/teacher_top_k_kl"]
     # Step 2: the student has moved by one update, the teacher has not.
     assert second["distill/scored_token_fraction"] == 1.0 and abs(second["distill/reverse_kl"]) > 1e-6
 
@@ -68,3 +68,19 @@ def test_a_teacher_that_stays_down_stops_the_run_in_one_line_after_its_window(tm
     rows = _metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1] and rows[0]["distill/failed_trajectories"] == 4
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "global_step_1"
+
+
+def test_the_top_k_divergence_reaches_the_actor_and_a_bad_one_stops_at_start_up(tmp_path, synth, server,  # noqa: F811
+                                                                                 tiny_model_dir):
+    from rlinf_search.config.schema import ConfigError
+
+    cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, "http://127.0.0.1:9/v1")
+    assert validate_cfg(cfg).actor.loss.top_k_divergence == "forward"
+    OmegaConf.update(cfg, "algorithm.distill.top_k_divergence", "reverse")
+    with pytest.raises(ConfigError, match="algorithm.distill.top_k_divergence: read only with algorithm.distill.top_k > 0"):
+        validate_cfg(cfg)
+    OmegaConf.update(cfg, "algorithm.distill.top_k", 4)
+    assert validate_cfg(cfg).actor.loss.top_k_divergence == "reverse"
+    OmegaConf.update(cfg, "algorithm.distill.top_k_divergence", "js")
+    with pytest.raises(ConfigError, match="algorithm.distill.top_k_divergence: unknown 'js'; choose one of forward, reverse"):
+        validate_cfg(cfg)

@@ -31,7 +31,8 @@ def test_the_answer_gives_the_k_most_likely_ids_in_order():
     # vLLM also lists the given token when it is outside the top k: the k best are kept.
     top = [None, {"token_id:7": -0.5, "token_id:3": -0.2, "token_id:9": -3.0}, {"token_id:4": -0.1}]
     tokens = _echoed(_answer(top, 3), [1, 2, 3], top_k=2)
-    assert tokens.top == [[], [(3, -0.2), (7, -0.5)], [(4, -0.1)]]
+    assert tokens.top.ids.tolist() == [[0, 0], [3, 7], [4, 0]]
+    assert tokens.top.logprobs.tolist() == [[-math.inf, -math.inf], [pytest.approx(-0.2), -0.5], [pytest.approx(-0.1), -math.inf]]
     with pytest.raises(FinalBackendError, match="keyed by text, not token_id"):
         _echoed(_answer([None, {"Paris": -0.1}], 2), [1, 2], top_k=2)
     with pytest.raises(FinalBackendError, match="sent no top_logprobs for every prompt token"):
@@ -39,7 +40,8 @@ def test_the_answer_gives_the_k_most_likely_ids_in_order():
 
 
 def test_short_and_missing_positions_are_padded_to_weigh_nothing():
-    ids, logprobs = top_k_tensors([[[(5, -0.1), (6, -2.0)], []], None], (2, 3), 3)
+    top = _echoed(_answer([{"token_id:5": -0.1, "token_id:6": -2.0}, {}], 2), [1, 2], top_k=3).top
+    ids, logprobs = top_k_tensors([top, None], (2, 3), 3)
     assert ids.shape == logprobs.shape == (2, 3, 3)
     assert ids[0, 0].tolist() == [5, 6, 0] and logprobs[0, 0, :2].tolist() == pytest.approx([-0.1, -2.0])
     assert math.isinf(logprobs[0, 0, 2]) and bool(torch.isinf(logprobs[0, 1:]).all()) and bool(torch.isinf(logprobs[1]).all())
@@ -49,11 +51,59 @@ def test_top_k_kl_on_a_hand_made_case():
     teacher = torch.log(torch.tensor([[[0.6, 0.2, 0.0], [0.5, 0.5, 0.0]]]))  # -inf where the server gave fewer
     student = torch.log(torch.tensor([[[0.3, 0.1, 0.2], [0.5, 0.5, 0.0]]]))
     scored = torch.tensor([[True, False]])
-    kl = top_k_kl(teacher, student, scored)
-    # q = (0.75, 0.25, 0): 0.75 ln(0.75/0.3) + 0.25 ln(0.25/0.1); the unscored token adds nothing.
-    expected = 0.75 * math.log(0.75 / 0.3) + 0.25 * math.log(0.25 / 0.1)
-    assert kl[0, 0].item() == pytest.approx(expected, abs=1e-6) and kl[0, 1].item() == 0.0
+    # Over (top 1, top 2, the rest): teacher (0.6, 0.2, 0.2), student (0.3, 0.1, 0.6); the padded slot's
+    # student value weighs nothing, and the unscored token adds nothing.
+    forward = 0.6 * math.log(0.6 / 0.3) + 0.2 * math.log(0.2 / 0.1) + 0.2 * math.log(0.2 / 0.6)
+    reverse = 0.3 * math.log(0.3 / 0.6) + 0.1 * math.log(0.1 / 0.2) + 0.6 * math.log(0.6 / 0.2)
+    for divergence, expected in (("forward", forward), ("reverse", reverse)):
+        kl = top_k_kl(teacher, student, scored, divergence)
+        assert kl[0, 0].item() == pytest.approx(expected, abs=1e-6) and kl[0, 1].item() == 0.0
     assert torch.isfinite(top_k_kl(torch.full((1, 1, 2), float("-inf")), student[..., :2], scored[:, :1] & False)).all()
+    with pytest.raises(ValueError, match="forward, reverse"):
+        top_k_kl(teacher, student, scored, "symmetric")
+
+
+def _top_k_of(teacher_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logprobs = torch.log_softmax(teacher_logits, -1)
+    top, ids = logprobs.topk(k, dim=-1)
+    return ids, top
+
+
+@pytest.mark.parametrize("divergence", ["forward", "reverse"])
+def test_top_k_kl_and_its_gradient_are_zero_when_the_student_is_the_teacher(divergence):
+    """8 of 50 random logits (the top 8 hold about 60 % of the mass): the old objective, renormalised on the
+    teacher's side only, gave 0.5 here and a gradient that raised the top 8."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 50) * 1.5
+    ids, teacher = _top_k_of(logits, 8)
+    assert 0.3 < float(teacher.exp().sum(-1).mean()) < 0.9
+    student_logits = logits.clone().requires_grad_(True)
+    student = torch.log_softmax(student_logits, -1).gather(-1, ids)
+    kl = top_k_kl(teacher, student, torch.ones(3, 5, dtype=torch.bool), divergence)
+    kl.sum().backward()
+    assert float(kl.detach().abs().max()) < 1e-6
+    assert float(student_logits.grad.abs().max()) < 1e-6
+
+
+@pytest.mark.parametrize("divergence", ["forward", "reverse"])
+def test_minimising_top_k_kl_brings_the_student_to_the_teacher_not_past_it(divergence):
+    """From a uniform student over 50 tokens, Adam on the top-8 KL alone: the student's probabilities of the
+    teacher's 8 tokens, and so its leftover mass, converge to the teacher's (the old objective drove the top-8
+    mass towards 1)."""
+    torch.manual_seed(1)
+    logits = torch.randn(4, 50) * 2.0
+    ids, teacher = _top_k_of(logits, 8)
+    student_logits = torch.zeros(4, 50, requires_grad=True)
+    optimizer = torch.optim.Adam([student_logits], lr=0.05)
+    for _ in range(1500):
+        optimizer.zero_grad()
+        student = torch.log_softmax(student_logits, -1).gather(-1, ids)
+        top_k_kl(teacher[None], student[None], torch.ones(1, 4, dtype=torch.bool), divergence).sum().backward()
+        optimizer.step()
+    student = torch.log_softmax(student_logits.detach(), -1).gather(-1, ids)
+    torch.testing.assert_close(student.exp(), teacher.exp(), atol=2e-3, rtol=0)
+    torch.testing.assert_close(student.exp().sum(-1), teacher.exp().sum(-1), atol=2e-3, rtol=0)
+    assert float(teacher.exp().sum(-1).max()) < 0.99  # the teacher leaves mass outside its top 8
 
 
 def _with_teacher(batch, tokenizer, *, seed: int = 0):

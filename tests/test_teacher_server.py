@@ -93,13 +93,13 @@ def test_top_k_comes_back_as_the_models_most_likely_ids(teacher, tiny_model_dir)
     with torch.no_grad():
         logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float() / 0.7, dim=-1)
     values, indices = logprobs.topk(3, dim=-1)
-    assert tokens.top[0] == [] and len(tokens.top) == len(ids)
-    for position, entries in enumerate(tokens.top[1:]):
-        assert [token for token, _ in entries] == indices[position].tolist()
-        assert [value for _, value in entries] == pytest.approx(values[position].tolist(), abs=1e-5)
+    assert bool(torch.isinf(tokens.top.logprobs[0]).all()) and len(tokens.top) == len(ids)
+    assert tokens.top.ids[1:].tolist() == indices.tolist()
+    torch.testing.assert_close(tokens.top.logprobs[1:], values, atol=1e-5, rtol=0)
     aligned = from_shared_ids(tokens.logprobs, prompt_length=5, response_mask=[1, 0] + [1] * (len(ids) - 7),
                               top=tokens.top)
-    assert aligned.top[0] == tokens.top[5] and aligned.top[1] == [] and aligned.top[2] == tokens.top[7]
+    assert torch.equal(aligned.top.ids[0], tokens.top.ids[5]) and torch.equal(aligned.top.ids[2], tokens.top.ids[7])
+    assert bool(torch.isinf(aligned.top.logprobs[1]).all())
     too_many = httpx.post(f"http://{teacher}/v1/completions",
                           json={"model": "teacher", "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 21})
     assert too_many.status_code == 400 and "logprobs" in too_many.json()["error"]["message"]

@@ -16,10 +16,11 @@ if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
     exit 1
 fi
 command -v vllm >/dev/null || { echo "vllm is not installed here (pip install vllm), or use python -m rlinf_search.serve" >&2; exit 1; }
-# --api-key: set TEACHER_API_KEY in the environment of both the server and the trainer.
-KEY_ARGS=()
-[ -n "${TEACHER_API_KEY:-}" ] && KEY_ARGS=(--api-key "$TEACHER_API_KEY")
-vllm serve "$MODEL" --served-model-name "$NAME" --host "$HOST" --port "$PORT" "${KEY_ARGS[@]}" "$@" > "$LOG" 2>&1 &
+# The API key: set TEACHER_API_KEY in the environment of both the server and the trainer. It reaches vLLM as
+# its VLLM_API_KEY environment variable, never as --api-key: a command line is visible to every user in
+# `ps`, and some vLLM versions print their arguments at start-up.
+if [ -n "${TEACHER_API_KEY:-}" ]; then export VLLM_API_KEY="$TEACHER_API_KEY"; fi
+vllm serve "$MODEL" --served-model-name "$NAME" --host "$HOST" --port "$PORT" "$@" > "$LOG" 2>&1 &
 PID=$!
 echo "vllm serve $NAME on port $PORT (pid $PID, log $LOG); waiting for /health"
 for _ in $(seq 1 600); do

@@ -34,6 +34,7 @@ from rlinf_search.algorithms.losses import (
     entropy_bonus_loss,
     entropy_from_logits,
     ppo_policy_loss,
+    TOP_K_DIVERGENCES,
     top_k_kl,
 )
 
@@ -59,6 +60,7 @@ __all__ = [
     "masked_sum",
     "masked_whiten",
     "ppo_policy_loss",
+    "TOP_K_DIVERGENCES",
     "top_k_kl",
     "register_advantage",
     "register_kl",

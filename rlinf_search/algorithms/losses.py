@@ -117,18 +117,47 @@ def entropy_bonus_loss(entropy: torch.Tensor, coef: float, *, response_mask: tor
     return zero_outside(-coef * entropy, response_mask)
 
 
-def top_k_kl(teacher_top: torch.Tensor, student_top: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` KL from the teacher's top-k distribution to the student's, on ``scored`` tokens (0 elsewhere).
+TOP_K_DIVERGENCES = ("forward", "reverse")
+"""``algorithm.distill.top_k_divergence``: ``forward`` = KL(teacher || student), GKD's and most distillers'
+choice (mass-covering); ``reverse`` = KL(student || teacher) (mode-seeking, the sampled-token term's direction)."""
 
-    ``teacher_top`` and ``student_top`` are ``[B, T, k]`` log-probs of the same k tokens (the teacher's most
-    likely). The teacher's are renormalised over the k, ``q``; the student's are not, so the value
-    ``sum_j q_j (log q_j - log p_j)`` is >= 0 and falls only as the student moves mass onto those tokens
-    (on-policy distillation with a dense target, as in GKD). Padding entries carry -inf and weigh nothing.
+TAIL_FLOOR = 1e-6
+"""Smallest leftover mass a log is taken of: ``1 - sum of k probabilities`` in fp32 is not resolved below
+about 1e-7, so a smaller leftover is noise, and the floor keeps its log (and gradient) finite."""
+
+
+def top_k_kl(teacher_top: torch.Tensor, student_top: torch.Tensor, scored: torch.Tensor,
+             divergence: str = "forward") -> torch.Tensor:
+    """``[B, T]`` KL between the teacher's and the student's distributions over the teacher's top k tokens plus
+    one bucket for the rest of the vocabulary, on ``scored`` tokens (0 elsewhere).
+
+    ``teacher_top`` and ``student_top`` are ``[B, T, k]`` log-probs (each normalised over the whole vocabulary)
+    of the same k tokens, the teacher's most likely; padding slots carry -inf in ``teacher_top`` and weigh
+    nothing on either side. With ``q_j``, ``p_j`` the k probabilities and ``q_r = 1 - sum q``,
+    ``p_r = 1 - sum p`` the leftover masses:
+
+        forward:  sum_j q_j (log q_j - log p_j) + q_r (log q_r - log p_r)
+        reverse:  sum_j p_j (log p_j - log q_j) + p_r (log p_r - log q_r)
+
+    Both are KLs between two distributions over k + 1 outcomes: >= 0, and 0 with a zero gradient exactly
+    when the student matches the teacher's k probabilities and its leftover mass, so the student is pulled
+    to the teacher, not past it onto the top k. Leftover masses are floored at ``TAIL_FLOOR`` inside the logs.
     """
-    # Unscored positions may be all -inf (softmax would give NaN), and a padded slot's q is 0 (0 * -inf is NaN).
-    q = torch.softmax(torch.where(scored.unsqueeze(-1), teacher_top.float(), 0.0), dim=-1)
-    student = torch.where(q > 0, student_top.float(), 0.0)
-    kl = (torch.xlogy(q, q) - q * student).sum(-1)
+    if divergence not in TOP_K_DIVERGENCES:
+        raise ValueError(f"top-k divergence must be one of {', '.join(TOP_K_DIVERGENCES)}, got {divergence!r}")
+    valid = torch.isfinite(teacher_top) & scored.unsqueeze(-1)
+    # Padded and unscored slots get 0 before any exp or product: a -inf there would make NaN gradients
+    # even behind a where().
+    t = torch.where(valid, teacher_top.float(), 0.0)
+    s = torch.where(valid, student_top.float(), 0.0)
+    q = torch.where(valid, t.exp(), 0.0)
+    p = torch.where(valid, s.exp(), 0.0)
+    log_q_rest = (1 - q.sum(-1)).clamp(min=TAIL_FLOOR).log()
+    log_p_rest = (1 - p.sum(-1)).clamp(min=TAIL_FLOOR).log()
+    if divergence == "forward":
+        kl = (q * (t - s)).sum(-1) + log_q_rest.exp() * (log_q_rest - log_p_rest)
+    else:
+        kl = (p * (s - t)).sum(-1) + log_p_rest.exp() * (log_p_rest - log_q_rest)
     return torch.where(scored, kl, torch.zeros_like(kl))
 
 

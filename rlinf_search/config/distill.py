@@ -23,9 +23,10 @@ def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
         raise ConfigError(f"algorithm.distill: needs algorithm.sampling_params.temperature 1.0 (got {temperature:g}): "
                           "vLLM's echoed prompt log-probs are of the unscaled distribution whatever temperature a "
                           "request asks for, so teacher and student log-probs would be of different distributions")
-    if get(raw, "algorithm.distill.top_k_coef") is not None and not get(raw, "algorithm.distill.top_k",
-                                                                                  DistillConfig.top_k):
-        raise ConfigError("algorithm.distill.top_k_coef: read only with algorithm.distill.top_k > 0")
+    for key in ("top_k_coef", "top_k_divergence"):
+        if get(raw, f"algorithm.distill.{key}") is not None and not get(raw, "algorithm.distill.top_k",
+                                                                        DistillConfig.top_k):
+            raise ConfigError(f"algorithm.distill.{key}: read only with algorithm.distill.top_k > 0")
     teacher = get(raw, "algorithm.distill.teacher", {})
     if not isinstance(teacher, dict):
         raise ConfigError(f"algorithm.distill.teacher: expected a section of keys, got {type(teacher).__name__}")

@@ -102,3 +102,11 @@ def get_registered(raw: dict, dotted: str, default: str | None, registry: Regist
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return name
+
+
+def get_choice(raw: dict, dotted: str, default: str, choices: tuple[str, ...]) -> str:
+    """The string at ``dotted``, one of ``choices`` (a fixed set of meanings, not an extension point)."""
+    value = get(raw, dotted, default)
+    if value not in choices:
+        raise ConfigError(f"{dotted}: unknown {value!r}; choose one of {', '.join(choices)}")
+    return value

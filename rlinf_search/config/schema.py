@@ -35,7 +35,7 @@ SCHEMA: dict[str, Any] = {
                   "sampling_params": {"do_sample": None, "temperature": None, "top_k": None, "top_p": None,
                                       "max_new_tokens": None},
                   "distill": {"enable": None, "mode": None, "coef": None, "center": None, "discount": None, "clip": None,
-                              "top_k": None, "top_k_coef": None, "max_failed_fraction": None, "failure_window_steps": None,
+                              "top_k": None, "top_k_coef": None, "top_k_divergence": None, "max_failed_fraction": None, "failure_window_steps": None,
                               "teacher": "*"}},  # checked by TeacherConfig.from_dict
     "agentloop": {"max_turns": None, "max_tool_response_length": None, "max_passage_tokens": None,
                   "retokenize": None},

@@ -5,8 +5,9 @@ keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_
 
 from __future__ import annotations
 
-from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
-from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_precision, get_registered, get_section
+from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, TOP_K_DIVERGENCES
+from rlinf_search.config.readers import (get, get_bool, get_choice, get_float, get_int, get_precision, get_registered,
+                                         get_section)
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
@@ -41,7 +42,9 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
         clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, loss_agg_func=loss_agg, kl_beta=kl_beta,
         kl_penalty_type=kl_type,
         entropy_bonus=get_float(raw, "algorithm.entropy_bonus", PolicyLossConfig.entropy_bonus),
-        temperature=temperature, mismatch_correction=correction, norm_constant=float(max_response_tokens))
+        temperature=temperature, mismatch_correction=correction, norm_constant=float(max_response_tokens),
+        top_k_divergence=get_choice(raw, "algorithm.distill.top_k_divergence", PolicyLossConfig.top_k_divergence,
+                                    TOP_K_DIVERGENCES))
 
 
 def _optim(optim: dict, lr_sched: dict, *, section: str, total_steps: int, lr: float | None = None) -> OptimConfig:

@@ -15,6 +15,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+import torch
+
+from rlinf_search.distill.teacher import TopK
+
 
 @dataclass
 class AlignedLogprobs:
@@ -27,41 +31,54 @@ class AlignedLogprobs:
     unaligned: int
     """Model tokens left without a value because the two tokenizations do not share their boundaries
     (or the server gave none)."""
-    top: list[list[tuple[int, float]]] | None = None
-    """Per response token, the teacher's most likely (id, log-prob) at its position where ``scored`` (else
-    empty); None when ``algorithm.distill.top_k`` is 0. Shared tokenizer only."""
+    top: TopK | None = None
+    """Per response token, the teacher's most likely tokens at its position where ``scored`` (padding
+    elsewhere); None when ``algorithm.distill.top_k`` is 0. Shared tokenizer only."""
 
 
 def from_shared_ids(teacher: list[float | None], *, prompt_length: int, response_mask: list[int],
-                    top: list[list[tuple[int, float]]] | None = None) -> AlignedLogprobs:
+                    top: TopK | None = None) -> AlignedLogprobs:
     """Response token ``k`` takes ``teacher[prompt_length + k]`` (the teacher scored the same ids), and
-    ``top[prompt_length + k]`` when the teacher's most likely tokens were asked for."""
-    values, scored, unaligned, kept_top = [], [], 0, []
+    ``top``'s row ``prompt_length + k`` when the teacher's most likely tokens were asked for."""
+    values, scored, unaligned = [], [], 0
+    has_top = (top.logprobs > -torch.inf).any(-1).tolist() if top is not None else None
     for k, mask in enumerate(response_mask):
         at = prompt_length + k
         value = teacher[at] if at < len(teacher) else None
-        ok = bool(mask) and value is not None and (top is None or (at < len(top) and bool(top[at])))
+        ok = bool(mask) and value is not None and (has_top is None or (at < len(has_top) and has_top[at]))
         unaligned += int(bool(mask) and not ok)
         values.append(float(value) if ok else 0.0)
         scored.append(ok)
-        kept_top.append(list(top[at]) if ok and top is not None else [])
-    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned,
-                           top=kept_top if top is not None else None)
+    kept = None
+    if top is not None:
+        kept = TopK.empty(len(response_mask), top.ids.shape[1])
+        rows = torch.tensor(scored, dtype=torch.bool)
+        source = torch.arange(prompt_length, prompt_length + len(response_mask))[rows]
+        kept.ids[rows], kept.logprobs[rows] = top.ids[source], top.logprobs[source]
+    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned, top=kept)
 
 
 def char_extents(decode, ids: list[int]) -> list[tuple[int, int] | None]:
     """``[start, end)`` of each token in ``decode(ids)``; None for a token that ends inside a character
-    (its bytes decode as U+FFFD until a later token completes the character). ``decode``: the tokenizer's
-    ``decode``, called on growing prefixes."""
+    (its bytes decode as U+FFFD until a later token completes the character, which then spans it).
+    ``decode``: the tokenizer's ``decode``.
+
+    Linear in the tokens: each token is decoded with the tokens since the start of the token group before
+    its own (a group is a run of tokens that ends on a character boundary), never with the whole prefix.
+    That one group of context keeps decoders that treat the first token specially (SentencePiece drops a
+    leading space) the same as decoding the whole text.
+    """
     extents: list[tuple[int, int] | None] = []
-    previous = 0
+    context, group, offset = 0, 0, 0  # token indices where the previous and the current group start
     for end in range(1, len(ids) + 1):
-        text = decode(ids[:end])
+        text = decode(ids[context:end])
         if text.endswith("\ufffd"):
             extents.append(None)
             continue
-        extents.append((previous, len(text)))
-        previous = len(text)
+        grown = len(text) - len(decode(ids[context:group])) if group > context else len(text)
+        extents.append((offset, offset + grown))
+        offset += grown
+        context, group = group, end
     return extents
 
 

@@ -28,11 +28,15 @@ class TeacherConfig:
     api_key_env: str = "TEACHER_API_KEY"
     """Environment variable holding the API key (sent as ``Authorization: Bearer``); unset: no key.
     The key never reaches config dumps, logs or errors."""
+    proxy: str | None = None
+    """A proxy URL for the teacher's requests; None: none, whatever ``HTTP(S)_PROXY`` say (a proxy meant
+    for the internet would see the API key and every trajectory)."""
     timeout_s: float = 60.0
     """Limit on one request."""
     deadline_s: float = 180.0
-    """Limit on one trajectory's scoring, retries included: past it the trajectory trains without
-    the signal."""
+    """Limit on one trajectory's scoring, retries included, counted from when its first request holds a
+    concurrency slot (a wait behind ``max_concurrency`` others is not counted): past it the trajectory
+    trains without the signal."""
     max_retries: int = 2
     """Retries on timeouts, connection errors, 5xx and 429."""
     backoff_base_s: float = 0.5
@@ -52,6 +56,9 @@ class TeacherConfig:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"algorithm.distill.teacher.base_url: expected http(s)://host:port/v1, got "
                              f"{self.base_url!r}")
+        if self.proxy is not None and not self.proxy.startswith(("http://", "https://", "socks5://")):
+            raise ValueError(f"algorithm.distill.teacher.proxy: expected http(s):// or socks5:// URL, got "
+                             f"{self.proxy!r}")
         if not self.model:
             raise ValueError("algorithm.distill.teacher.model is required (the name the server serves)")
         positive = {"timeout_s": self.timeout_s, "deadline_s": self.deadline_s,

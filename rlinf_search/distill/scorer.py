@@ -21,7 +21,7 @@ from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.distill.alignment import AlignedLogprobs, char_extents, from_shared_ids, from_text_offsets
 from rlinf_search.distill.config import DistillConfig
 from rlinf_search.distill.signal import combine, distill_term, reverse_kl
-from rlinf_search.distill.teacher import TeacherClient, TeacherFailed
+from rlinf_search.distill.teacher import TeacherClient, TeacherFailed, TopK
 
 log = logging.getLogger(__name__)
 
@@ -140,26 +140,15 @@ class TeacherScorer:
         self._thread.join(timeout=10)
 
 
-def top_k_tensors(tops: list[list[list[tuple[int, float]]] | None], shape: tuple[int, int],
-                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T, k]`` ids and log-probs of the teacher's most likely tokens per response token. A position
-    with fewer than ``k`` (or none: not scored) is padded with id 0 at log-prob -inf, which weighs nothing."""
+def top_k_tensors(tops: list[TopK | None], shape: tuple[int, int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, T, k]`` ids and log-probs of the teacher's most likely tokens per response token, one copy per
+    trajectory. A position with fewer than ``k`` (or none: not scored, or a trajectory the teacher failed
+    on) is padded with id 0 at log-prob -inf, which weighs nothing."""
     ids = torch.zeros((*shape, k), dtype=torch.long)
     logprobs = torch.full((*shape, k), float("-inf"))
-    # Flat lists, then one indexed write: a tensor per position would cost B * T small allocations a step.
-    where: list[tuple[int, int, int]] = []
-    tokens: list[int] = []
-    values: list[float] = []
     for row, top in enumerate(tops):
-        for col, entries in enumerate(top or []):
-            for slot, (token, value) in enumerate(entries):
-                where.append((row, col, slot))
-                tokens.append(token)
-                values.append(value)
-    if where:
-        index = tuple(torch.tensor(where, dtype=torch.long).unbind(1))
-        ids[index] = torch.tensor(tokens, dtype=torch.long)
-        logprobs[index] = torch.tensor(values, dtype=logprobs.dtype)
+        if top is not None:
+            ids[row, : len(top)], logprobs[row, : len(top)] = top.ids, top.logprobs
     return ids, logprobs
 
 

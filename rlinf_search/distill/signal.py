@@ -31,10 +31,6 @@ def distill_term(kl: torch.Tensor, scored: torch.Tensor, response_mask: torch.Te
                  config: DistillConfig) -> torch.Tensor:
     """``[B, T]`` the advantage term on model tokens (0 elsewhere)."""
     kl = torch.where(scored, kl, torch.zeros_like(kl))
-    if config.center and bool(scored.any()):
-        # A baseline: the batch's mean KL per scored token. It leaves the expected gradient as it is (on the
-        # student's own samples E[grad log p] = 0) and stops nearly every token getting a negative advantage.
-        kl = torch.where(scored, kl - kl[scored].mean(), kl)
     if config.discount > 0:
         turns = turn_ids(response_mask)
         summed = torch.zeros_like(kl)
@@ -46,6 +42,13 @@ def distill_term(kl: torch.Tensor, scored: torch.Tensor, response_mask: torch.Te
             running = kl[:, t] + config.discount * running
             summed[:, t] = running
         kl = summed
+    if config.center and bool(scored.any()):
+        # A baseline: the batch's mean per scored token of what each token answers for (its KL, or its
+        # discounted sum over the rest of its turn). It leaves the expected gradient as it is (on the
+        # student's own samples E[grad log p] = 0) and stops nearly every token getting a negative advantage.
+        # After the sum, not before: a per-token mean taken off before it would be summed too, taking more
+        # off tokens with more of the turn after them (a length bias).
+        kl = torch.where(scored, kl - kl[scored].mean(), kl)
     term = -config.coef * kl
     if config.clip is not None:
         term = term.clamp(-config.clip, config.clip)

@@ -13,8 +13,11 @@ with one line that never holds the API key.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from dataclasses import dataclass
+
+import torch
 
 from rlinf_search.distill.config import TeacherConfig
 from rlinf_search.net.http import FinalBackendError, make_http_client, post_json
@@ -26,6 +29,23 @@ class TeacherFailed(Exception):
 
 
 @dataclass
+class TopK:
+    """The teacher's most likely tokens at each of n positions, most likely first."""
+
+    ids: torch.Tensor
+    """``[n, k]`` int64 token ids; 0 in a padding slot."""
+    logprobs: torch.Tensor
+    """``[n, k]`` float32 log-probs; -inf in a padding slot (a position with fewer than k, or none)."""
+
+    @classmethod
+    def empty(cls, n: int, k: int) -> TopK:
+        return cls(ids=torch.zeros((n, k), dtype=torch.long), logprobs=torch.full((n, k), -math.inf))
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+
+@dataclass
 class TeacherTokens:
     """The teacher's tokens of the text it was sent, each with its log-prob and place in the text."""
 
@@ -33,9 +53,9 @@ class TeacherTokens:
     """Log-prob of each token given the ones before; None where the server gives none (the first)."""
     offsets: list[int]
     """Character offset of each token in the text (``text_offset``); empty when ids were sent."""
-    top: list[list[tuple[int, float]]] | None
-    """Per token, the teacher's ``top_k`` most likely (id, log-prob) at its position, most likely first
-    (empty for the first token); None when not asked for."""
+    top: TopK | None
+    """Per token, the teacher's ``top_k`` most likely tokens at its position (none for the first token);
+    None when not asked for."""
     latency_s: float
     """Wall time of the call, retries included."""
 
@@ -49,7 +69,9 @@ class TeacherClient:
         self.url = config.base_url.rstrip("/") + "/completions"
         key = os.environ.get(config.api_key_env)
         self._headers = {"Authorization": f"Bearer {key}"} if key else None
-        self._http = make_http_client(config.max_concurrency, trust_env=True)
+        # No proxy from the environment: a proxy set for the internet would see the bearer token and every
+        # trajectory's text; a teacher behind one names it (teacher.proxy).
+        self._http = make_http_client(config.max_concurrency, trust_env=False, proxy=config.proxy)
         self._caller = RetryingCaller(config.retry_policy)
 
     async def score(self, prompt: list[int] | str, *, top_k: int = 0) -> TeacherTokens:
@@ -69,7 +91,7 @@ class TeacherClient:
                                    headers=self._headers)
 
         try:
-            answer = await self._caller.call(attempt, deadline=started + self.config.deadline_s)
+            answer = await self._caller.call(attempt, deadline_s=self.config.deadline_s)
             tokens = _echoed(answer, prompt, top_k)
         except CallFailed as failed:
             raise TeacherFailed(self._failure_message(failed)) from None
@@ -94,39 +116,51 @@ class TeacherClient:
 
 def _echoed(answer: dict, prompt: list[int] | str, top_k: int = 0) -> TeacherTokens:
     """The prompt's part of an echoed answer: the first ``len(prompt)`` tokens for ids, the tokens that
-    start inside the text for text (the generated token starts at its end)."""
+    start inside the text for text (the generated token starts at its end). Anything malformed is a
+    ``FinalBackendError`` (the trajectory trains without the signal and counts as failed), never a crash."""
     try:
         logprobs = answer["choices"][0]["logprobs"]
         values, offsets = list(logprobs["token_logprobs"]), list(logprobs.get("text_offset") or [])
-    except (KeyError, IndexError, TypeError):
+    except (KeyError, IndexError, TypeError, AttributeError):
         raise FinalBackendError("sent no echoed logprobs (choices[0].logprobs.token_logprobs); it must accept "
                                 "echo with logprobs, as vLLM and SGLang do") from None
+    if not all(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)) for value in values):
+        raise FinalBackendError("sent a token_logprobs entry that is neither a number nor null")
+    values = [None if value is None or math.isnan(value) else float(value) for value in values]
     if isinstance(prompt, list):
         if len(values) < len(prompt):
             raise FinalBackendError(f"echoed {len(values)} log-probs for a prompt of {len(prompt)} tokens")
         top = _top_ids(logprobs.get("top_logprobs"), len(prompt), top_k) if top_k else None
         return TeacherTokens(logprobs=values[: len(prompt)], offsets=[], top=top, latency_s=0.0)
-    if len(offsets) != len(values):
-        raise FinalBackendError("sent token_logprobs without a text_offset for each token")
+    if len(offsets) != len(values) or not all(isinstance(offset, int) for offset in offsets):
+        raise FinalBackendError("sent token_logprobs without an integer text_offset for each token")
     kept = sum(1 for offset in offsets if offset < len(prompt))
     return TeacherTokens(logprobs=values[:kept], offsets=offsets[:kept], top=None, latency_s=0.0)
 
 
-def _top_ids(top: list | None, length: int, top_k: int) -> list[list[tuple[int, float]]]:
-    """``top_logprobs`` keyed ``token_id:<id>`` as (id, log-prob) lists, the ``top_k`` most likely first (vLLM
-    also lists the given token when it is not among them)."""
+def _top_ids(top: list | None, length: int, top_k: int) -> TopK:
+    """``top_logprobs`` keyed ``token_id:<id>`` as ``[length, top_k]`` tensors, the most likely first (vLLM
+    also lists the given token when it is not among them; only the ``top_k`` best are kept). A position the
+    server left empty (the first) is padding."""
     if not isinstance(top, list) or len(top) < length:
         raise FinalBackendError("sent no top_logprobs for every prompt token; algorithm.distill.top_k needs a "
                                 "server that returns them with echo (vLLM, python -m rlinf_search.serve)")
-    out: list[list[tuple[int, float]]] = []
-    for entries in top[:length]:
+    # Flat lists filled in place, one tensor at the end: no per-position tensors or tuples kept.
+    ids, values = [0] * (length * top_k), [-math.inf] * (length * top_k)
+    for position, entries in enumerate(top[:length]):
         if not entries:
-            out.append([])
             continue
+        if not isinstance(entries, dict):
+            raise FinalBackendError(f"sent a top_logprobs entry that is not an object ({type(entries).__name__})")
         try:
-            pairs = [(int(key.removeprefix("token_id:")), float(value)) for key, value in entries.items()]
+            best = sorted(((float(value), int(key.removeprefix("token_id:"))) for key, value in entries.items()),
+                          reverse=True)[:top_k]
         except (AttributeError, ValueError):
             raise FinalBackendError("sent top_logprobs keyed by text, not token_id:<id>; it must accept "
                                     "return_tokens_as_token_ids, as vLLM does") from None
-        out.append(sorted(pairs, key=lambda pair: -pair[1])[:top_k])
-    return out
+        except TypeError:
+            raise FinalBackendError("sent a top_logprobs value that is not a number") from None
+        for slot, (value, token) in enumerate(best):
+            ids[position * top_k + slot], values[position * top_k + slot] = token, value
+    return TopK(ids=torch.tensor(ids, dtype=torch.long).view(length, top_k),
+                logprobs=torch.tensor(values, dtype=torch.float32).view(length, top_k))

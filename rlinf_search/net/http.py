@@ -36,11 +36,12 @@ def one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def make_http_client(max_connections: int, *, trust_env: bool) -> httpx.AsyncClient:
+def make_http_client(max_connections: int, *, trust_env: bool, proxy: str | None = None) -> httpx.AsyncClient:
     """A pooled client sized to the concurrency cap, so no request waits for a connection slot
-    that the semaphore has already granted."""
+    that the semaphore has already granted. ``trust_env``: follow the environment's proxy settings;
+    ``proxy``: this proxy URL, whatever the environment says."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(limits=limits, trust_env=trust_env)
+    return httpx.AsyncClient(limits=limits, trust_env=trust_env and proxy is None, proxy=proxy)
 
 
 def _refusal_detail(response: httpx.Response) -> str:

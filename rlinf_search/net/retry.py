@@ -95,16 +95,26 @@ class RetryingCaller:
         self._rng = rng or random.Random()
         self._on_attempt = on_attempt
 
-    async def call(self, attempt: Callable[[], Awaitable[T]], *, deadline: float) -> T:
-        """``attempt()``'s result, retried on ``TransientBackendError`` until ``max_retries`` retries or
-        the loop time ``deadline``; raises ``CallFailed`` when no attempt succeeds."""
+    async def call(self, attempt: Callable[[], Awaitable[T]], *, deadline: float | None = None,
+                   deadline_s: float | None = None) -> T:
+        """``attempt()``'s result, retried on ``TransientBackendError`` until ``max_retries`` retries or the
+        deadline; raises ``CallFailed`` when no attempt succeeds. The deadline is the loop time ``deadline``,
+        or ``deadline_s`` seconds from when the first attempt holds its concurrency slot (and rate-limit
+        token): a call queued behind many others is not charged for the queue."""
+        if (deadline is None) == (deadline_s is None):
+            raise ValueError("RetryingCaller.call takes one of deadline and deadline_s")
         attempts, last = 0, None
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline) as timeout:
+                def start_clock() -> None:
+                    if deadline_s is not None and timeout.when() is None:
+                        timeout.reschedule(loop.time() + deadline_s)
+
                 while True:
                     attempts += 1
                     try:
-                        return await self._attempt(attempt, is_retry=attempts > 1)
+                        return await self._attempt(attempt, is_retry=attempts > 1, started=start_clock)
                     except TransientBackendError as exc:
                         last = exc
                     if attempts > self.policy.max_retries:
@@ -115,11 +125,14 @@ class RetryingCaller:
         except TimeoutError:
             raise CallFailed(attempts=attempts, last=last, deadline_passed=True) from None
 
-    async def _attempt(self, attempt: Callable[[], Awaitable[T]], *, is_retry: bool) -> T:
+    async def _attempt(self, attempt: Callable[[], Awaitable[T]], *, is_retry: bool,
+                       started: Callable[[], None] | None = None) -> T:
         timeout_s = self.policy.timeout_s
         async with self._semaphore:
             if self._bucket is not None:
                 await self._bucket.acquire()
+            if started is not None:
+                started()
             if self._on_attempt is not None:
                 self._on_attempt(is_retry)
             try:

@@ -68,6 +68,9 @@ class PolicyLossConfig:
     """Lower bound of the ``mask`` band."""
     norm_constant: float | None = None
     """The constant length of ``seq-mean-token-sum-norm`` (default: the response token budget)."""
+    top_k_divergence: str = "forward"
+    """``algorithm.distill.top_k_divergence``: the direction of the KL to the distillation teacher's top k
+    (``forward`` = KL(teacher || student), ``reverse``); read only when the batch carries a top k."""
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,7 @@ class PolicyTrainer:
         if scored.candidate_logprobs is not None:  # the distillation teacher's top-k (algorithm.distill.top_k)
             weight = micro.teacher_top_weight.to(self.device) * mask
             kl = top_k_kl(micro.teacher_top_logprobs.to(self.device), layout.to_rows(scored.candidate_logprobs),
-                          weight > 0)
+                          weight > 0, cfg.top_k_divergence)
             token_losses = token_losses + weight * kl
             metrics["actor/teacher_top_k_kl"] = float(masked_mean(kl.detach(), weight > 0))
         loss = aggregate_loss(token_losses, mask, cfg.loss_agg_func, global_token_count=max(work.tokens, 1),
