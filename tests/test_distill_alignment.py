@@ -1,5 +1,6 @@
-"""Teacher log-probs placed on student tokens: hand-made cases with exact expected values, then a real
-tokenizer pair (the tiny model's BPE and a byte-level one) on a real response text."""
+"""Teacher log-probs placed on student tokens (shared tokenizer; different tokenizers are in
+test_distill_tokenizers.py), character extents on real text, and the advantage term, on hand-made cases
+with exact expected values."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rlinf_search.distill.alignment import char_extents, from_shared_ids, from_text_offsets
+from rlinf_search.distill.alignment import char_extents, from_shared_ids
 from rlinf_search.distill.config import DistillConfig, TeacherConfig
 from rlinf_search.distill.signal import combine, distill_term, reverse_kl, turn_ids
 from rlinf_search.distill.teacher import TopK
@@ -25,29 +26,6 @@ def test_shared_tokenizer_takes_the_value_at_the_same_position():
 def test_shared_tokenizer_counts_a_missing_value_as_unaligned():
     aligned = from_shared_ids([None, None, -1.0], prompt_length=1, response_mask=[1, 1])
     assert aligned.scored == [False, True] and aligned.unaligned == 1
-
-
-def test_different_tokenizers_sum_teacher_tokens_that_tile_a_student_token():
-    # Teacher text: "P:" (prompt, 2 chars) + response "abcdef" -> the response starts at 2.
-    # Teacher tokens: "P:" [0,2) | "ab" [2,4) | "c" [4,5) | "de" [5,7) | "f" [7,8)
-    teacher_lp, offsets = [None, -1.0, -0.25, -2.0, -0.5], [0, 2, 4, 5, 7]
-    # Student tokens of "abcdef": "a" [0,1) | "bc" [1,3) | "d" [3,4) | "ef" [4,6)  -> no common boundary
-    # except the ends; then "abc" | "def" would tile: check both layouts.
-    crossed = from_text_offsets(teacher_lp, offsets, text_length=8, response_start=2,
-                                extents=[(0, 1), (1, 3), (3, 4), (4, 6)], response_mask=[1, 1, 1, 1])
-    assert crossed.scored == [False, False, False, False] and crossed.unaligned == 4
-    tiled = from_text_offsets(teacher_lp, offsets, text_length=8, response_start=2,
-                              extents=[(0, 3), (3, 6)], response_mask=[1, 1])
-    # "abc" = "ab" + "c": -1.0 + -0.25; "def" = "de" + "f": -2.0 + -0.5
-    assert tiled.values == [-1.25, -2.5] and tiled.scored == [True, True] and tiled.unaligned == 0
-
-
-def test_different_tokenizers_score_model_tokens_only_and_skip_split_characters():
-    teacher_lp, offsets = [None, -1.0, -3.0], [0, 2, 4]
-    aligned = from_text_offsets(teacher_lp, offsets, text_length=6, response_start=2,
-                                extents=[(0, 2), None, (2, 4)], response_mask=[1, 1, 0])
-    assert aligned.values == [-1.0, 0.0, 0.0] and aligned.scored == [True, False, False]
-    assert aligned.unaligned == 1  # the token ending inside a character; the observation is not counted
 
 
 def test_char_extents_follow_growing_prefixes():
@@ -86,26 +64,6 @@ def test_char_extents_are_the_prefix_growth_on_accents_cjk_and_emoji(tiny_model_
     assert extents == _prefix_extents(tokenizer.decode, ids)
     assert None in extents  # some characters take several byte tokens here
     assert max(e[1] for e in extents if e) == len(tokenizer.decode(ids))
-
-
-def test_a_real_tokenizer_pair_aligns_on_shared_boundaries(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    student = AutoTokenizer.from_pretrained(tiny_model_dir)
-    response = " The answer is <answer>Paris</answer>"
-    ids = student(response, add_special_tokens=False)["input_ids"]
-    extents = char_extents(student.decode, ids)
-    # A "teacher" that tokenizes by single characters: every student boundary is a teacher boundary, so
-    # every token is scored with the sum of its characters' values (here -0.1 each).
-    prompt = "Q?"
-    text = prompt + student.decode(ids)
-    offsets = list(range(len(text)))
-    teacher_lp = [None] + [-0.1] * (len(text) - 1)
-    aligned = from_text_offsets(teacher_lp, offsets, text_length=len(text), response_start=len(prompt),
-                                extents=extents, response_mask=[1] * len(ids))
-    assert aligned.unaligned == 0
-    for value, (start, end) in zip(aligned.values, extents):
-        assert value == pytest.approx(-0.1 * (end - start))
 
 
 def _config(**overrides) -> DistillConfig:

@@ -1,5 +1,6 @@
 """The teacher path for real: ``python -m rlinf_search.serve`` on loopback over the tiny model, and the
-``TeacherClient`` against it (ids and text), its refusals, and a teacher killed mid-run."""
+``TeacherClient`` against it, the fields it reads answered as vLLM answers them, its refusals, and a
+teacher killed mid-run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from rlinf_search.distill.alignment import char_extents, from_shared_ids, from_text_offsets
+from rlinf_search.distill.alignment import from_shared_ids
 from rlinf_search.distill.config import TeacherConfig
 from rlinf_search.distill.teacher import TeacherClient, TeacherFailed
 from rlinf_search.retrieval.launch import wait_for_address_file
@@ -68,22 +69,24 @@ async def _score(address: str, prompt, *, temperature: float = 0.7, top_k: int =
         await client.aclose()
 
 
-def test_ids_come_back_with_the_models_logprobs_at_the_temperature(teacher, tiny_model_dir):
+def test_ids_come_back_with_the_models_own_logprobs_whatever_the_temperature(teacher, tiny_model_dir):
+    """vLLM's echoed log-probs are of the model's distribution; the request's temperature shapes sampling only."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     ids = tokenizer("Which city is the capital of France? <search>capital France</search>",
                     add_special_tokens=False)["input_ids"]
-    tokens = asyncio.run(_score(teacher, ids))
+    tokens = asyncio.run(_score(teacher, ids, temperature=0.7))
     assert tokens.logprobs[0] is None and len(tokens.logprobs) == len(ids)
-    assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 0.7), abs=1e-5)
+    assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 1.0), abs=1e-5)
     aligned = from_shared_ids(tokens.logprobs, prompt_length=4, response_mask=[1] * (len(ids) - 4))
     assert aligned.unaligned == 0 and aligned.values == pytest.approx(tokens.logprobs[4:])
 
 
 def test_top_k_comes_back_as_the_models_most_likely_ids(teacher, tiny_model_dir):
-    """``logprobs: k`` with ``return_tokens_as_token_ids``, as vLLM takes it: each position's k most likely
-    ids and log-probs, equal to the model's own, and aligned onto the response tokens."""
+    """``logprobs: k`` with ``return_tokens_as_token_ids``, as vLLM answers it: each position's k most likely
+    ids and log-probs, equal to the model's own, plus the given token where it is not among them; ``tokens``
+    as ids too; and aligned onto the response tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -91,7 +94,7 @@ def test_top_k_comes_back_as_the_models_most_likely_ids(teacher, tiny_model_dir)
     tokens = asyncio.run(_score(teacher, ids, top_k=3))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     with torch.no_grad():
-        logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float() / 0.7, dim=-1)
+        logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
     values, indices = logprobs.topk(3, dim=-1)
     assert bool(torch.isinf(tokens.top.logprobs[0]).all()) and len(tokens.top) == len(ids)
     assert tokens.top.ids[1:].tolist() == indices.tolist()
@@ -100,30 +103,36 @@ def test_top_k_comes_back_as_the_models_most_likely_ids(teacher, tiny_model_dir)
                               top=tokens.top)
     assert torch.equal(aligned.top.ids[0], tokens.top.ids[5]) and torch.equal(aligned.top.ids[2], tokens.top.ids[7])
     assert bool(torch.isinf(aligned.top.logprobs[1]).all())
+    raw = httpx.post(f"http://{teacher}/v1/completions", json={
+        "model": "teacher", "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 3, "temperature": 0.7,
+        "return_tokens_as_token_ids": True}).json()["choices"][0]["logprobs"]
+    assert raw["tokens"][: len(ids)] == [f"token_id:{token}" for token in ids]
+    for position in range(1, len(ids)):
+        listed = raw["top_logprobs"][position]
+        given = f"token_id:{ids[position]}"
+        assert given in listed and listed[given] == pytest.approx(raw["token_logprobs"][position], abs=1e-6)
+        assert len(listed) == (3 if ids[position] in indices[position - 1].tolist() else 4)
     too_many = httpx.post(f"http://{teacher}/v1/completions",
                           json={"model": "teacher", "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 21})
     assert too_many.status_code == 400 and "logprobs" in too_many.json()["error"]["message"]
 
 
-def test_text_comes_back_with_offsets_that_align_to_the_same_tokens(teacher, tiny_model_dir):
+def test_a_text_prompt_comes_back_as_the_teachers_own_ids(teacher, tiny_model_dir):
+    """What the start-up vocabulary check reads: the ids the server's tokenizer gives a text (with its special
+    tokens, as vLLM encodes a text prompt)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prompt_text, response_ids = "Question: who wrote it?", tokenizer(" <answer>Dom Krath</answer>",
-                                                                     add_special_tokens=False)["input_ids"]
-    response_text = tokenizer.decode(response_ids)
-    tokens = asyncio.run(_score(teacher, prompt_text + response_text))
-    by_ids = asyncio.run(_score(teacher, tokenizer(prompt_text, add_special_tokens=False)["input_ids"] + response_ids))
-    aligned = from_text_offsets(tokens.logprobs, tokens.offsets, text_length=len(prompt_text + response_text),
-                                response_start=len(prompt_text), extents=char_extents(tokenizer.decode, response_ids),
-                                response_mask=[1] * len(response_ids))
-    # The same tokenizer on both sides: a token the text tokenization also starts at its boundaries gets
-    # exactly the id path's value; where the text tokenizes differently, the token is counted unaligned.
-    assert aligned.unaligned < len(response_ids)
-    prompt_length = len(by_ids.logprobs) - len(response_ids)
-    for k, (value, scored) in enumerate(zip(aligned.values, aligned.scored)):
-        if scored:
-            assert value == pytest.approx(by_ids.logprobs[prompt_length + k], abs=1e-5)
+    text = "Zoë's café, 東京 🗼 <answer>yes</answer>"
+    client = _client(teacher, temperature=1.0)
+
+    async def ask():
+        try:
+            return await client.token_ids(text)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(ask()) == tokenizer(text)["input_ids"]
 
 
 def test_bad_requests_get_one_line_4xx_and_the_server_keeps_serving(teacher):
@@ -141,7 +150,7 @@ def test_bad_requests_get_one_line_4xx_and_the_server_keeps_serving(teacher):
 
 def test_a_refusal_is_a_teacher_failure_without_retries(teacher):
     with pytest.raises(TeacherFailed, match=r"rejected the request \(HTTP 404: model 'nobody'"):
-        asyncio.run(_score(teacher, "hello", model="nobody"))
+        asyncio.run(_score(teacher, [5, 6], model="nobody"))
 
 
 def test_a_teacher_killed_mid_run_fails_its_calls_in_one_line_without_the_key(tiny_model_dir, tmp_path,

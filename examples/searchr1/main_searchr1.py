@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlinf_search.config import ConfigError, register_resolvers, validate_cfg
-from rlinf_search.distill.scorer import TeacherDown
+from rlinf_search.distill.scorer import TeacherDown, TeacherVocabularyMismatch
 from rlinf_search.runners.train_main import train
 from rlinf_search.scheduler.cluster import ClusterError
 from rlinf_search.workers.actor.backends import BackendUnavailable
@@ -24,7 +24,7 @@ def main(cfg: DictConfig) -> None:
     try:
         config = validate_cfg(cfg)
         train(config)
-    except ConfigError as exc:  # raised before any worker starts (the prompt limit is checked in train)
+    except (ConfigError, TeacherVocabularyMismatch) as exc:  # before any training (the teacher is asked first)
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
     except (BackendUnavailable, ClusterError) as exc:  # the config is sound; this machine cannot run it

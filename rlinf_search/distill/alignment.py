@@ -3,16 +3,21 @@
 Shared tokenizer: the teacher scored the very ids the student sampled, so response token ``k`` takes
 the teacher's value at ``len(prompt) + k``.
 
-Different tokenizers: the teacher scored a text (its own rendering of the prompt, then the student's
-response text as decoded). A student token covering characters ``[a, b)`` of the response gets the
-sum of the log-probs of the teacher tokens that exactly tile ``[a, b)`` (the chain rule: the
-probability of that string); when a teacher token crosses ``a`` or ``b`` the token gets no signal and
-is counted as unaligned. Only model tokens (mask 1) are ever scored.
+Different tokenizers: the client tokenizes the student's response text with the teacher's own tokenizer
+(with character offsets) and the teacher scores those ids. The two tokenizations are cut at the
+character positions where both have a token boundary (a byte token that ends inside a character is
+no boundary on either side). Each piece between two such cuts is one string both models scored: by the
+chain rule its log-probability is the sum of its tokens' on each side, so the piece's KL is
+``sum(student) - sum(teacher)``. A piece of one student token gives that token the teacher's sum; a piece
+of several (a character split into byte tokens, or tokenizations that cross) is a *segment*: its KL is
+shared equally by its tokens once the student's log-probs are known (``teacher_per_token``). A piece
+holding an observation token, a special or control token (they decode to nothing, so the teacher never
+sees them), or a teacher token without a value is not scored; its model tokens are counted as unaligned.
 """
 
 from __future__ import annotations
 
-import bisect
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +39,10 @@ class AlignedLogprobs:
     top: TopK | None = None
     """Per response token, the teacher's most likely tokens at its position where ``scored`` (padding
     elsewhere); None when ``algorithm.distill.top_k`` is 0. Shared tokenizer only."""
+    segment: list[int] | None = None
+    """Per response token, the piece it belongs to (tokens of one piece share an id; -1: not scored), when
+    some piece spans several student tokens; their ``values`` then hold the piece's teacher sum. None:
+    every scored token is a piece of its own."""
 
 
 def from_shared_ids(teacher: list[float | None], *, prompt_length: int, response_mask: list[int],
@@ -82,36 +91,80 @@ def char_extents(decode, ids: list[int]) -> list[tuple[int, int] | None]:
     return extents
 
 
-def from_text_offsets(teacher: list[float | None], offsets: list[int], *, text_length: int, response_start: int,
-                      extents: list[tuple[int, int] | None], response_mask: list[int]) -> AlignedLogprobs:
-    """Map teacher tokens (``offsets`` into a text of ``text_length`` characters whose response starts at
-    ``response_start``) onto the student's response tokens (``extents`` within the response text)."""
-    starts = list(offsets)
-    boundaries = set(starts) | {text_length}
-    values, scored, unaligned = [], [], 0
-    for extent, mask in zip(extents, response_mask, strict=True):
-        if not mask:
-            values.append(0.0)
-            scored.append(False)
+def from_teacher_tokens(teacher: list[float | None], spans: list[tuple[int, int]], *,
+                        extents: list[tuple[int, int] | None], response_mask: list[int]) -> AlignedLogprobs:
+    """Map the teacher's log-probs of its own tokens of the response text (``spans``: each token's
+    ``[start, end)`` characters, as a fast tokenizer's offsets give them; a byte token inside a character
+    spans the whole character) onto the student's tokens (``extents`` from ``char_extents``: None for a
+    token that ends inside a character, an empty extent for a token that decodes to nothing)."""
+    if len(teacher) != len(spans):
+        raise ValueError(f"{len(teacher)} teacher log-probs for {len(spans)} teacher tokens")
+    cuts = _teacher_cuts(spans) & _student_cuts(extents)
+    n = len(extents)
+    values, scored, segment = [0.0] * n, [False] * n, [-1] * n
+    unaligned, pieces, multi = 0, 0, False
+    i = j = 0  # next student token, next teacher token
+    at_cut = True  # whether the text before student token i ends on a common cut
+    while i < n:
+        if _empty(extents[i]):  # decodes to nothing (special and control tokens): not in the text, never scored
+            unaligned += int(bool(response_mask[i]))
+            i += 1
             continue
-        total = _tiling_sum(teacher, starts, boundaries, extent, response_start)
-        unaligned += int(total is None)
-        values.append(0.0 if total is None else total)
-        scored.append(total is not None)
-    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned)
+        members = []
+        while i < n and not _empty(extents[i]):  # the student tokens up to the next common cut
+            members.append(i)
+            i += 1
+            if extents[i - 1] is not None and extents[i - 1][1] in cuts:
+                break
+        last = extents[members[-1]]
+        end = last[1] if last is not None else None
+        total, ok = 0.0, at_cut and end is not None and end in cuts
+        while j < len(spans) and (end is None or spans[j][0] < end):
+            ok = ok and teacher[j] is not None
+            total += teacher[j] or 0.0
+            j += 1
+        at_cut = end is not None and end in cuts
+        if not (ok and all(response_mask[m] for m in members)):
+            unaligned += sum(1 for m in members if response_mask[m])
+            continue
+        multi = multi or len(members) > 1
+        for m in members:
+            values[m], scored[m], segment[m] = total, True, pieces
+        pieces += 1
+    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned, segment=segment if multi else None)
 
 
-def _tiling_sum(teacher: list[float | None], starts: list[int], boundaries: set[int],
-                extent: tuple[int, int] | None, response_start: int) -> float | None:
-    """Sum of the teacher log-probs of the tokens that exactly tile ``extent``, or None."""
-    if extent is None or extent[0] == extent[1]:
-        return None
-    begin, end = response_start + extent[0], response_start + extent[1]
-    if begin not in boundaries or end not in boundaries:
-        return None
-    first = bisect.bisect_left(starts, begin)
-    last = bisect.bisect_left(starts, end)
-    inside = teacher[first:last]
-    if not inside or any(value is None for value in inside):
-        return None
-    return float(sum(inside))
+def _empty(extent: tuple[int, int] | None) -> bool:
+    return extent is not None and extent[0] == extent[1]
+
+
+def _teacher_cuts(spans: list[tuple[int, int]]) -> set[int]:
+    """Character positions where one teacher token ends and the next starts (byte tokens of one character
+    share its span, so no cut falls inside a character)."""
+    cuts = {0}
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        if start >= end:
+            cuts.add(end)
+    if spans:
+        cuts.add(spans[-1][1])
+    return cuts
+
+
+def _student_cuts(extents: list[tuple[int, int] | None]) -> set[int]:
+    return {0} | {extent[1] for extent in extents if extent is not None}
+
+
+def teacher_per_token(values: torch.Tensor, scored: torch.Tensor, segment: torch.Tensor,
+                      student: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` teacher log-probs per student token: ``values`` as they are where a token is a piece of its
+    own; on a piece of several tokens, ``student + (teacher sum - student sum) / tokens``, so that the
+    piece's per-token KLs are equal and add up to its KL. ``segment``: ``[B, T]`` piece ids (-1 or a
+    unique id per token where pieces are single)."""
+    rows, width = values.shape
+    flat = (torch.arange(rows).unsqueeze(1) * (width + 1) + segment.clamp(min=0))[scored]
+    student_sum = torch.zeros(rows * (width + 1)).index_add_(0, flat, student[scored].float())
+    count = torch.zeros(rows * (width + 1)).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
+    out = values.clone().float()
+    spread = student[scored].float() + (values[scored].float() - student_sum[flat]) / count[flat]
+    out[scored] = torch.where(count[flat] > 1, spread, values[scored].float())
+    return out

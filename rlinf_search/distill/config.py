@@ -22,9 +22,10 @@ class TeacherConfig:
     model: str = ""
     """The model name requests carry (``vllm serve``'s ``--served-model-name``, else its path)."""
     tokenizer: str | None = None
-    """None: the teacher shares the student's tokenizer and scores the sampled ids as they are. A path
-    or name: the teacher's own tokenizer; the text is re-rendered with its chat template and its
-    log-probs are mapped back to the student's tokens by character offsets."""
+    """None: the teacher shares the student's tokenizer and scores the sampled ids as they are (checked
+    against the teacher at start-up). A path or name: the teacher's own (fast) tokenizer; the client
+    renders the prompt with its chat template, tokenizes prompt and response text with it, and the
+    log-probs reach the student's tokens through the cuts both tokenizations share."""
     api_key_env: str = "TEACHER_API_KEY"
     """Environment variable holding the API key (sent as ``Authorization: Bearer``); unset: no key.
     The key never reaches config dumps, logs or errors."""

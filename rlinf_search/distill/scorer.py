@@ -18,7 +18,8 @@ import torch
 
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.io_struct import QARecord, Trajectory
-from rlinf_search.distill.alignment import AlignedLogprobs, char_extents, from_shared_ids, from_text_offsets
+from rlinf_search.distill.alignment import (AlignedLogprobs, char_extents, from_shared_ids, from_teacher_tokens,
+                                            teacher_per_token)
 from rlinf_search.distill.config import DistillConfig
 from rlinf_search.distill.signal import combine, distill_term, reverse_kl
 from rlinf_search.distill.teacher import TeacherClient, TeacherFailed, TopK
@@ -28,6 +29,14 @@ log = logging.getLogger(__name__)
 
 class TeacherDown(RuntimeError):
     """Too many trajectories got no teacher signal: the run stops rather than train on GRPO alone."""
+
+
+class TeacherVocabularyMismatch(ValueError):
+    """``teacher.tokenizer: null`` but the teacher's tokenizer is not the student's."""
+
+
+# Words, digits, accents, CJK and an emoji: two different vocabularies almost never agree on all of it.
+VOCABULARY_PROBE = "Paris, 1889: Zoë's café — 東京 🗼 <answer>yes</answer>"
 
 
 class TeacherScoring:
@@ -75,23 +84,47 @@ class TeacherScorer:
                                                   top_k=self.config.top_k)
                 aligned = from_shared_ids(answer.logprobs, prompt_length=len(trajectory.prompt_ids),
                                           response_mask=trajectory.response_mask, top=answer.top)
-            else:
-                prompt = self._teacher_prompt(record)
-                response = self.student.decode(trajectory.response_ids)
-                answer = await self._client.score(prompt + response)
-                aligned = from_text_offsets(answer.logprobs, answer.offsets, text_length=len(prompt + response),
-                                            response_start=len(prompt),
-                                            extents=char_extents(self.student.decode, trajectory.response_ids),
-                                            response_mask=trajectory.response_mask)
+            else:  # the teacher's own tokens of the same text, aligned on the cuts both tokenizations share
+                prompt = self._teacher_prompt_ids(record)
+                ids = list(trajectory.response_ids)
+                text = self._student_text(ids)
+                encoded = self.teacher_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+                answer = await self._client.score(prompt + list(encoded["input_ids"]))
+                aligned = from_teacher_tokens(answer.logprobs[len(prompt):], list(encoded["offset_mapping"]),
+                                              extents=char_extents(self._student_text, ids),
+                                              response_mask=trajectory.response_mask)
         except TeacherFailed as exc:
             return None, loop.time() - started, str(exc)
         return aligned, loop.time() - started, None
 
-    def _teacher_prompt(self, record: QARecord) -> str:
-        """The prompt as the teacher's chat template renders it (text prompts are sent as they are)."""
+    def _student_text(self, ids: list[int]) -> str:
+        """The student's tokens as text, its special and control tokens left out (the teacher's chat template
+        has its own; a student's ``<|im_end|>`` in the text would be read as the teacher's, or as words)."""
+        return self.student.decode(ids, skip_special_tokens=True)
+
+    def _teacher_prompt_ids(self, record: QARecord) -> list[int]:
+        """The prompt as the teacher's tokenizer and chat template give it (a text prompt as its tokens)."""
         if isinstance(record.prompt, str):
-            return record.prompt
-        return self.teacher_tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=False)
+            return list(self.teacher_tokenizer(record.prompt, add_special_tokens=False)["input_ids"])
+        text = self.teacher_tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=False)
+        return list(self.teacher_tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def check_shared_vocabulary(self) -> None:
+        """Raise ``TeacherVocabularyMismatch`` when the teacher tokenizes ``VOCABULARY_PROBE`` into other ids than
+        the student's tokenizer (set to share it, it would score wrong tokens); a teacher that does not answer
+        yet is left to the failure window (a warning here)."""
+        future = asyncio.run_coroutine_threadsafe(self._client.token_ids(VOCABULARY_PROBE), self._loop)
+        try:
+            theirs = future.result()
+        except TeacherFailed as exc:
+            log.warning("teacher: could not check its vocabulary at start-up (%s)", exc)
+            return
+        ours = list(self.student(VOCABULARY_PROBE, add_special_tokens=False)["input_ids"])
+        if theirs[-len(ours):] != ours or len(theirs) > len(ours) + 1:  # a text prompt may get the teacher's BOS
+            raise TeacherVocabularyMismatch(
+                "algorithm.distill.teacher.tokenizer is null (shared with the student), but the teacher tokenizes "
+                f"a probe text into other ids ({len(theirs)} tokens, {theirs[:6]}... against the student's "
+                f"{len(ours)}, {ours[:6]}...); set teacher.tokenizer to the teacher's tokenizer")
 
     def apply(self, batch: RolloutBatch, scoring: TeacherScoring) -> dict[str, float]:
         """Add the term to ``batch.advantages`` (or replace them, ``mode: only``); return the metrics."""
@@ -99,13 +132,18 @@ class TeacherScorer:
         shape = tuple(batch.response_mask.shape)
         teacher = torch.zeros(shape)
         scored = torch.zeros(shape, dtype=torch.bool)
+        segment = torch.arange(shape[1]).repeat(shape[0], 1)  # each token its own piece, unless told otherwise
         failures = [message for _, _, message in answers if message is not None]
         for row, (aligned, _, _) in enumerate(answers):
             if aligned is not None:
                 width = len(aligned.values)
                 teacher[row, :width] = torch.tensor(aligned.values)
                 scored[row, :width] = torch.tensor(aligned.scored)
+                if aligned.segment is not None:
+                    segment[row, :width] = torch.tensor(aligned.segment)
         self._check_failures(len(failures), len(answers), failures[:1])
+        # Pieces of several student tokens (different tokenizers) share their KL once the student's are known.
+        teacher = teacher_per_token(teacher, scored, segment, batch.old_logprobs.float())
         kl = reverse_kl(batch.old_logprobs.float(), teacher, scored)
         term = distill_term(kl, scored, batch.response_mask, self.config)
         batch.advantages = combine(batch.advantages, term, batch.response_mask, self.config)
@@ -154,9 +192,20 @@ def top_k_tensors(tops: list[TopK | None], shape: tuple[int, int], k: int) -> tu
 
 def open_teacher(config: DistillConfig, *, student_model: str) -> TeacherScorer:
     """The scorer for a run whose policy starts from ``student_model`` (its tokenizer, and the teacher's
-    when ``teacher.tokenizer`` names one)."""
+    when ``teacher.tokenizer`` names one). With ``teacher.tokenizer: null`` the teacher is asked how it
+    tokenizes a probe text: another vocabulary stops the run here, in one line."""
     from transformers import AutoTokenizer
 
     student = AutoTokenizer.from_pretrained(student_model)
     teacher = AutoTokenizer.from_pretrained(config.teacher.tokenizer) if config.teacher.tokenizer else None
-    return TeacherScorer(config, student_tokenizer=student, teacher_tokenizer=teacher)
+    if teacher is not None and not teacher.is_fast:
+        raise ValueError(f"algorithm.distill.teacher.tokenizer {config.teacher.tokenizer!r} has no fast (Rust) "
+                         "tokenizer: aligning two tokenizers needs its character offsets")
+    scorer = TeacherScorer(config, student_tokenizer=student, teacher_tokenizer=teacher)
+    if teacher is None:
+        try:
+            scorer.check_shared_vocabulary()
+        except BaseException:
+            scorer.close()
+            raise
+    return scorer

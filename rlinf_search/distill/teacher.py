@@ -1,9 +1,11 @@
 """``TeacherClient``: the log-prob a teacher model gives each token of a text, from any OpenAI-compatible
 completions server (``vllm serve``, SGLang, ``python -m rlinf_search.serve``).
 
-One request per trajectory: the prompt and response go as the ``prompt`` (token ids when the teacher
-shares the student's tokenizer, else text), with ``echo: true, logprobs: 0, max_tokens: 1``; the echoed
-``token_logprobs`` are the teacher's log-probs of the given tokens. With ``top_k`` > 0 (ids only) the
+One request per trajectory: the prompt and response go as the ``prompt``, token ids of the teacher's
+vocabulary (the student's own ids when they share a tokenizer; else the client tokenizes with the
+teacher's tokenizer), with ``echo: true, logprobs: 0, max_tokens: 1``; the echoed ``token_logprobs`` are
+the teacher's log-probs of the given tokens, and their count is checked (a server that added a token, a
+BOS say, would shift every value). With ``top_k`` > 0 (ids only) the
 request asks for ``logprobs: top_k`` and vLLM's ``return_tokens_as_token_ids``, and each position's
 ``top_logprobs`` come back as (id, log-prob) pairs. The call runs through the shared
 ``RetryingCaller`` (retries, deadline, concurrency cap, rate limit); a failure is a ``TeacherFailed``
@@ -51,8 +53,6 @@ class TeacherTokens:
 
     logprobs: list[float | None]
     """Log-prob of each token given the ones before; None where the server gives none (the first)."""
-    offsets: list[int]
-    """Character offset of each token in the text (``text_offset``); empty when ids were sent."""
     top: TopK | None
     """Per token, the teacher's ``top_k`` most likely tokens at its position (none for the first token);
     None when not asked for."""
@@ -74,11 +74,9 @@ class TeacherClient:
         self._http = make_http_client(config.max_concurrency, trust_env=False, proxy=config.proxy)
         self._caller = RetryingCaller(config.retry_policy)
 
-    async def score(self, prompt: list[int] | str, *, top_k: int = 0) -> TeacherTokens:
-        """The teacher's log-prob of every token of ``prompt`` (ids, or text it tokenizes itself), and with
-        ``top_k`` > 0 (ids only) its ``top_k`` most likely tokens at every position."""
-        if top_k and not isinstance(prompt, list):
-            raise ValueError("top_k needs the prompt as token ids (a teacher that shares the student's tokenizer)")
+    async def score(self, prompt: list[int], *, top_k: int = 0) -> TeacherTokens:
+        """The teacher's log-prob of every token of ``prompt`` (ids of its vocabulary), and with ``top_k`` > 0
+        its ``top_k`` most likely tokens at every position."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         body = {"model": self.config.model, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": top_k,
@@ -100,6 +98,28 @@ class TeacherClient:
         tokens.latency_s = loop.time() - started
         return tokens
 
+    async def token_ids(self, text: str) -> list[int]:
+        """The ids the teacher's own tokenizer gives ``text`` (echoed with ``return_tokens_as_token_ids``): the
+        start-up check that a teacher set to share the student's tokenizer really does."""
+        body = {"model": self.config.model, "prompt": text, "max_tokens": 1, "echo": True, "logprobs": 0,
+                "temperature": self.temperature, "return_tokens_as_token_ids": True}
+
+        async def attempt() -> dict:
+            return await post_json(self._http, self.url, body, timeout_s=self.config.timeout_s,
+                                   headers=self._headers)
+
+        try:
+            answer = await self._caller.call(attempt, deadline_s=self.config.deadline_s)
+            tokens = answer["choices"][0]["logprobs"]["tokens"][:-1]  # the last one is the token generated
+            return [int(token.removeprefix("token_id:")) for token in tokens]
+        except CallFailed as failed:
+            raise TeacherFailed(self._failure_message(failed)) from None
+        except FinalBackendError as exc:
+            raise TeacherFailed(f"teacher at {self.url} {exc.reason}") from None
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+            raise TeacherFailed(f"teacher at {self.url} sent no logprobs.tokens as token_id:<id>; it must "
+                                "accept return_tokens_as_token_ids, as vLLM does") from None
+
     def _failure_message(self, failed: CallFailed) -> str:
         plural = "s" if failed.attempts > 1 else ""
         if failed.final is not None:
@@ -114,28 +134,24 @@ class TeacherClient:
         await self._http.aclose()
 
 
-def _echoed(answer: dict, prompt: list[int] | str, top_k: int = 0) -> TeacherTokens:
-    """The prompt's part of an echoed answer: the first ``len(prompt)`` tokens for ids, the tokens that
-    start inside the text for text (the generated token starts at its end). Anything malformed is a
-    ``FinalBackendError`` (the trajectory trains without the signal and counts as failed), never a crash."""
+def _echoed(answer: dict, prompt: list[int], top_k: int = 0) -> TeacherTokens:
+    """The prompt's part of an echoed answer: its first ``len(prompt)`` tokens (then the one generated).
+    Anything malformed is a ``FinalBackendError`` (the trajectory trains without the signal and counts as
+    failed), never a crash."""
     try:
         logprobs = answer["choices"][0]["logprobs"]
-        values, offsets = list(logprobs["token_logprobs"]), list(logprobs.get("text_offset") or [])
+        values = list(logprobs["token_logprobs"])
     except (KeyError, IndexError, TypeError, AttributeError):
         raise FinalBackendError("sent no echoed logprobs (choices[0].logprobs.token_logprobs); it must accept "
                                 "echo with logprobs, as vLLM and SGLang do") from None
     if not all(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)) for value in values):
         raise FinalBackendError("sent a token_logprobs entry that is neither a number nor null")
     values = [None if value is None or math.isnan(value) else float(value) for value in values]
-    if isinstance(prompt, list):
-        if len(values) < len(prompt):
-            raise FinalBackendError(f"echoed {len(values)} log-probs for a prompt of {len(prompt)} tokens")
-        top = _top_ids(logprobs.get("top_logprobs"), len(prompt), top_k) if top_k else None
-        return TeacherTokens(logprobs=values[: len(prompt)], offsets=[], top=top, latency_s=0.0)
-    if len(offsets) != len(values) or not all(isinstance(offset, int) for offset in offsets):
-        raise FinalBackendError("sent token_logprobs without an integer text_offset for each token")
-    kept = sum(1 for offset in offsets if offset < len(prompt))
-    return TeacherTokens(logprobs=values[:kept], offsets=offsets[:kept], top=None, latency_s=0.0)
+    if not len(prompt) <= len(values) <= len(prompt) + 1:
+        raise FinalBackendError(f"echoed {len(values)} log-probs for a prompt of {len(prompt)} tokens and one "
+                                f"generated (a server that adds a BOS to token prompts shifts every value)")
+    top = _top_ids(logprobs.get("top_logprobs"), len(prompt), top_k) if top_k else None
+    return TeacherTokens(logprobs=values[: len(prompt)], top=top, latency_s=0.0)
 
 
 def _top_ids(top: list | None, length: int, top_k: int) -> TopK:

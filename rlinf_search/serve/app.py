@@ -6,6 +6,12 @@ ids, ``echo`` with ``logprobs`` (each prompt token's log-prob, ``text_offset`` i
 ``return_tokens_as_token_ids``),
 ``max_tokens`` (0 scores only), ``temperature``. Bad requests get a one-line 4xx and the server keeps
 serving.
+
+Where the client reads a field it answers as vLLM does: log-probs are of the model's own distribution
+whatever ``temperature`` the request asks for (vLLM returns raw log-probs; the temperature only shapes
+sampling); each position's ``top_logprobs`` also lists the token actually there when it is not among the
+k; with ``return_tokens_as_token_ids`` the ``tokens`` are ``token_id:<id>`` too. A text prompt is tokenized
+with the tokenizer's special tokens (a BOS where the model has one), as vLLM does.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
         body = await read_body(request, CompletionRequest, MAX_BODY_BYTES)
         if body.model != served_name:
             raise ClientError(404, f"model {body.model!r} is not served here; this server serves {served_name!r}")
-        ids = list(body.prompt) if isinstance(body.prompt, list) else model.encode(body.prompt)
+        ids = list(body.prompt) if isinstance(body.prompt, list) else model.encode(body.prompt, special_tokens=True)
         if not ids:
             raise ClientError(400, "prompt is empty")
         if any(not 0 <= token < vocab for token in ids):
@@ -91,13 +97,16 @@ def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
         if body.logprobs is not None:
             scored_ids = (ids if body.echo else []) + new
             logprobs, top = await loop.run_in_executor(executor, lambda: model.score(
-                ids + new, temperature=body.temperature or 1.0, top_k=body.logprobs))
+                ids + new, temperature=1.0, top_k=body.logprobs))
             start = 0 if body.echo else len(ids)
             described = model.describe(scored_ids, logprobs[start:])
-            choice["logprobs"] = {"tokens": described.tokens, "token_logprobs": described.logprobs,
+            as_ids = body.return_tokens_as_token_ids
+            tokens = [f"token_id:{token}" for token in scored_ids] if as_ids else described.tokens
+            with_given = [None if entries is None else _with_given(entries, token, value)
+                          for entries, token, value in zip(top[start:], scored_ids, logprobs[start:])]
+            choice["logprobs"] = {"tokens": tokens, "token_logprobs": described.logprobs,
                                   "text_offset": described.offsets,
-                                  "top_logprobs": _top_logprobs(model, top[start:], body.return_tokens_as_token_ids)
-                                  if body.logprobs > 0 else None}
+                                  "top_logprobs": _top_logprobs(model, with_given, as_ids) if body.logprobs > 0 else None}
         if body.echo:
             choice["text"] = model.tokenizer.decode(ids) + choice["text"]
         return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
@@ -106,6 +115,14 @@ def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
                           "total_tokens": len(ids) + len(new)}}
 
     return app
+
+
+def _with_given(entries: list[tuple[int, float]], token: int, value: float | None) -> list[tuple[int, float]]:
+    """vLLM's top-k list at a position: the k most likely, and the token actually there when it is not
+    among them (k + 1 entries then)."""
+    if value is None or any(t == token for t, _ in entries):
+        return entries
+    return entries + [(token, value)]
 
 
 def _top_logprobs(model: CompletionModel, top: list[list[tuple[int, float]] | None],

@@ -40,8 +40,9 @@ class CompletionModel:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 32768))
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def encode(self, text: str, *, special_tokens: bool = False) -> list[int]:
+        """``text``'s ids; ``special_tokens``: with the tokenizer's own (a BOS), as vLLM encodes a text prompt."""
+        return self.tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
 
     @torch.no_grad()
     def score(self, ids: list[int], *, temperature: float,
