@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_teacher_server import _reference, _score
+from tests.test_teacher_server import _reference, _score, teacher  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
 
@@ -76,11 +76,42 @@ def test_vllm_echoes_the_models_logprobs_of_given_ids(vllm_teacher, tiny_model_d
     assert tokens.logprobs[1:] == pytest.approx(_reference(tiny_model_dir, ids, 1.0), abs=1e-3)
 
 
-def test_vllm_text_prompts_come_with_offsets(vllm_teacher, tiny_model_dir):
-    text = "Question: who wrote it? <answer>Dom Krath</answer>"
-    tokens = asyncio.run(_score(vllm_teacher, text, temperature=1.0))
-    assert tokens.offsets[0] == 0 and tokens.offsets == sorted(tokens.offsets) and tokens.offsets[-1] < len(text)
-    assert all(value is None or value <= 0 for value in tokens.logprobs)
+def _echo(address: str, prompt, top_k: int) -> dict:
+    answer = httpx.post(f"http://{address}/v1/completions", timeout=120, json={
+        "model": "teacher", "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": top_k, "temperature": 0.7,
+        "return_tokens_as_token_ids": True})
+    assert answer.status_code == 200, answer.text[:500]
+    return answer.json()["choices"][0]["logprobs"]
+
+
+@pytest.mark.parametrize("prompt", ["ids", "text"])
+def test_our_server_answers_as_vllm_on_every_field_the_client_reads(vllm_teacher, teacher, tiny_model_dir,  # noqa: F811
+                                                                    prompt):
+    """The same requests to ``vllm serve`` and ``python -m rlinf_search.serve`` (which the default lane's tests
+    use in its place), field by field over the echoed prompt: ``tokens`` (ids), ``token_logprobs`` (raw, whatever
+    the temperature), ``top_logprobs`` (the k most likely plus the given token where it is not among them)."""
+    from transformers import AutoTokenizer
+
+    text = "Zoë's café, 東京 🗼 <answer>Dom Krath</answer>"
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)(text, add_special_tokens=False)["input_ids"]
+    request = ids if prompt == "ids" else text
+    theirs, ours = _echo(vllm_teacher, request, 3), _echo(teacher, request, 3)
+    n = len(ids)  # the tiny tokenizer adds no special tokens: a text prompt is these ids on both servers
+    assert len(theirs["tokens"]) == len(ours["tokens"]) == n + 1  # the prompt and the one token generated
+    assert theirs["tokens"][:n] == ours["tokens"][:n] == [f"token_id:{token}" for token in ids]
+    assert theirs["token_logprobs"][0] is None and ours["token_logprobs"][0] is None
+    assert ours["token_logprobs"][1:n] == pytest.approx(theirs["token_logprobs"][1:n], abs=1e-3)
+    assert not theirs["top_logprobs"][0] and not ours["top_logprobs"][0]
+    for position in range(1, n):
+        vllm_top, our_top = theirs["top_logprobs"][position], ours["top_logprobs"][position]
+        given = f"token_id:{ids[position]}"
+        assert given in vllm_top and given in our_top
+        for key in set(vllm_top) & set(our_top):
+            assert our_top[key] == pytest.approx(vllm_top[key], abs=1e-3)
+        # Near-ties may swap the third place between two implementations; otherwise the same entries.
+        if set(vllm_top) != set(our_top):
+            third = sorted(vllm_top.values(), reverse=True)[2:4]
+            assert len(third) == 2 and abs(third[0] - third[1]) < 1e-3, (position, vllm_top, our_top)
 
 
 def test_vllm_prompt_logprobs_ignore_the_requested_temperature(vllm_teacher, tiny_model_dir):
