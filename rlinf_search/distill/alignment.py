@@ -18,6 +18,7 @@ sees them), or a teacher token without a value is not scored; its model tokens a
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,22 +50,23 @@ def from_shared_ids(teacher: list[float | None], *, prompt_length: int, response
                     top: TopK | None = None) -> AlignedLogprobs:
     """Response token ``k`` takes ``teacher[prompt_length + k]`` (the teacher scored the same ids), and
     ``top``'s row ``prompt_length + k`` when the teacher's most likely tokens were asked for."""
-    values, scored, unaligned = [], [], 0
-    has_top = (top.logprobs > -torch.inf).any(-1).tolist() if top is not None else None
-    for k, mask in enumerate(response_mask):
-        at = prompt_length + k
-        value = teacher[at] if at < len(teacher) else None
-        ok = bool(mask) and value is not None and (has_top is None or (at < len(has_top) and has_top[at]))
-        unaligned += int(bool(mask) and not ok)
-        values.append(float(value) if ok else 0.0)
-        scored.append(ok)
+    n = len(response_mask)
+    given = teacher[prompt_length:prompt_length + n]
+    value = torch.tensor([math.nan if v is None else v for v in given] + [math.nan] * (n - len(given)),
+                         dtype=torch.float64)
+    ok = torch.tensor(response_mask, dtype=torch.bool) & ~value.isnan()
     kept = None
     if top is not None:
-        kept = TopK.empty(len(response_mask), top.ids.shape[1])
-        rows = torch.tensor(scored, dtype=torch.bool)
-        source = torch.arange(prompt_length, prompt_length + len(response_mask))[rows]
-        kept.ids[rows], kept.logprobs[rows] = top.ids[source], top.logprobs[source]
-    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned, top=kept)
+        rows = top.logprobs[prompt_length:prompt_length + n]
+        has_top = torch.zeros(n, dtype=torch.bool)
+        has_top[: len(rows)] = (rows > -math.inf).any(-1)
+        ok &= has_top
+        kept = TopK.empty(n, top.ids.shape[1])
+        source = torch.arange(prompt_length, prompt_length + n)[ok]
+        kept.ids[ok], kept.logprobs[ok] = top.ids[source], top.logprobs[source]
+    unaligned = int(torch.tensor(response_mask, dtype=torch.bool).sum()) - int(ok.sum())
+    return AlignedLogprobs(values=torch.where(ok, value, 0.0).tolist(), scored=ok.tolist(), unaligned=unaligned,
+                           top=kept)
 
 
 def char_extents(decode, ids: list[int]) -> list[tuple[int, int] | None]:

@@ -161,7 +161,9 @@ def _top_ids(top: list | None, length: int, top_k: int) -> TopK:
     if not isinstance(top, list) or len(top) < length:
         raise FinalBackendError("sent no top_logprobs for every prompt token; algorithm.distill.top_k needs a "
                                 "server that returns them with echo (vLLM, python -m rlinf_search.serve)")
-    # Flat lists filled in place, one tensor at the end: no per-position tensors or tuples kept.
+    # Flat lists filled in place, one tensor at the end: no per-position tensors or tuples kept. The order
+    # within a position does not matter to the loss (a sum over the k), so only an extra entry (the given
+    # token, which vLLM adds when it is not among the k) is dropped, the least likely one, without a sort.
     ids, values = [0] * (length * top_k), [-math.inf] * (length * top_k)
     for position, entries in enumerate(top[:length]):
         if not entries:
@@ -169,14 +171,17 @@ def _top_ids(top: list | None, length: int, top_k: int) -> TopK:
         if not isinstance(entries, dict):
             raise FinalBackendError(f"sent a top_logprobs entry that is not an object ({type(entries).__name__})")
         try:
-            best = sorted(((float(value), int(key.removeprefix("token_id:"))) for key, value in entries.items()),
-                          reverse=True)[:top_k]
+            keys, logprobs = [int(key[9:]) if key.startswith("token_id:") else int("x") for key in entries], \
+                [float(value) for value in entries.values()]
         except (AttributeError, ValueError):
             raise FinalBackendError("sent top_logprobs keyed by text, not token_id:<id>; it must accept "
                                     "return_tokens_as_token_ids, as vLLM does") from None
         except TypeError:
             raise FinalBackendError("sent a top_logprobs value that is not a number") from None
-        for slot, (value, token) in enumerate(best):
-            ids[position * top_k + slot], values[position * top_k + slot] = token, value
+        while len(keys) > top_k:
+            drop = logprobs.index(min(logprobs))
+            del keys[drop], logprobs[drop]
+        at = position * top_k
+        ids[at:at + len(keys)], values[at:at + len(keys)] = keys, logprobs
     return TopK(ids=torch.tensor(ids, dtype=torch.long).view(length, top_k),
                 logprobs=torch.tensor(values, dtype=torch.float32).view(length, top_k))
