@@ -29,6 +29,7 @@ def test_pieces_between_shared_cuts_on_a_hand_made_case():
     assert aligned.values == [-3.0, -3.0, -4.0, -4.0, -4.0, -0.5, 0.0]
     assert aligned.segment == [0, 0, 1, 1, 1, 2, -1]
     assert aligned.unaligned == 1  # the special token: never scored
+    assert aligned.retokenized == 5  # "abc" (2 against 2) and "dé" (3 against 1); "!" is one against one
     # Once the student's log-probs are known, a piece's KL is shared equally by its tokens.
     student = torch.tensor([[-1.0, -1.0, -2.0, -0.5, -0.5, -0.7, -0.1]])
     per_token = teacher_per_token(torch.tensor([aligned.values]), torch.tensor([aligned.scored]),

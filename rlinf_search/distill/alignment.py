@@ -40,6 +40,10 @@ class AlignedLogprobs:
     top: TopK | None = None
     """Per response token, the teacher's most likely tokens at its position where ``scored`` (padding
     elsewhere); None when ``algorithm.distill.top_k`` is 0. Shared tokenizer only."""
+    retokenized: int = 0
+    """Scored tokens in pieces that are not one student token against one teacher token (different
+    tokenizers): their KL compares two tokenizations of one string, so a sampled text that its
+    tokenizer would not write adds to it even against an identical teacher."""
     segment: list[int] | None = None
     """Per response token, the piece it belongs to (tokens of one piece share an id; -1: not scored), when
     some piece spans several student tokens; their ``values`` then hold the piece's teacher sum. None:
@@ -104,7 +108,7 @@ def from_teacher_tokens(teacher: list[float | None], spans: list[tuple[int, int]
     cuts = _teacher_cuts(spans) & _student_cuts(extents)
     n = len(extents)
     values, scored, segment = [0.0] * n, [False] * n, [-1] * n
-    unaligned, pieces, multi = 0, 0, False
+    unaligned, pieces, multi, retokenized = 0, 0, False, 0
     i = j = 0  # next student token, next teacher token
     at_cut = True  # whether the text before student token i ends on a common cut
     while i < n:
@@ -120,7 +124,7 @@ def from_teacher_tokens(teacher: list[float | None], spans: list[tuple[int, int]
                 break
         last = extents[members[-1]]
         end = last[1] if last is not None else None
-        total, ok = 0.0, at_cut and end is not None and end in cuts
+        total, ok, first = 0.0, at_cut and end is not None and end in cuts, j
         while j < len(spans) and (end is None or spans[j][0] < end):
             ok = ok and teacher[j] is not None
             total += teacher[j] or 0.0
@@ -130,10 +134,12 @@ def from_teacher_tokens(teacher: list[float | None], spans: list[tuple[int, int]
             unaligned += sum(1 for m in members if response_mask[m])
             continue
         multi = multi or len(members) > 1
+        retokenized += len(members) if (len(members), j - first) != (1, 1) else 0
         for m in members:
             values[m], scored[m], segment[m] = total, True, pieces
         pieces += 1
-    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned, segment=segment if multi else None)
+    return AlignedLogprobs(values=values, scored=scored, unaligned=unaligned, retokenized=retokenized,
+                           segment=segment if multi else None)
 
 
 def _empty(extent: tuple[int, int] | None) -> bool:

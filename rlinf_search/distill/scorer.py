@@ -158,6 +158,9 @@ class TeacherScorer:
                 "distill/reverse_kl": float(kl[scored].sum()) / count,
                 "distill/scored_token_fraction": int(scored.sum()) / max(model_tokens, 1),
                 "distill/unaligned_tokens": float(sum(a.unaligned for a, _, _ in answers if a is not None)),
+                # Different tokenizers: scored tokens whose piece is not one token against one (a split character,
+                # or the teacher's tokenizer cutting the text otherwise); their KL compares two tokenizations.
+                "distill/retokenized_fraction": sum(a.retokenized for a, _, _ in answers if a is not None) / count,
                 "distill/failed_trajectories": float(len(failures)),
                 "distill/teacher_latency_s": sum(latencies) / len(latencies)}
 
