@@ -171,8 +171,7 @@ def _top_ids(top: list | None, length: int, top_k: int) -> TopK:
         if not isinstance(entries, dict):
             raise FinalBackendError(f"sent a top_logprobs entry that is not an object ({type(entries).__name__})")
         try:
-            keys, logprobs = [int(key[9:]) if key.startswith("token_id:") else int("x") for key in entries], \
-                [float(value) for value in entries.values()]
+            keys, logprobs = [_token_id(key) for key in entries], [float(value) for value in entries.values()]
         except (AttributeError, ValueError):
             raise FinalBackendError("sent top_logprobs keyed by text, not token_id:<id>; it must accept "
                                     "return_tokens_as_token_ids, as vLLM does") from None
@@ -185,3 +184,10 @@ def _top_ids(top: list | None, length: int, top_k: int) -> TopK:
         ids[at:at + len(keys)], values[at:at + len(keys)] = keys, logprobs
     return TopK(ids=torch.tensor(ids, dtype=torch.long).view(length, top_k),
                 logprobs=torch.tensor(values, dtype=torch.float32).view(length, top_k))
+
+
+def _token_id(key: str) -> int:
+    """``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``) as the id; a text key is a ``ValueError``."""
+    if not key.startswith("token_id:"):
+        raise ValueError(key)
+    return int(key[len("token_id:"):])
