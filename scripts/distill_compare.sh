@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# A fair comparison of distillation arms (issue 25), every arm run in one go from the same start: the demo's
+# warm-started model (where GRPO alone learns), the demo's trained model as the teacher (served by
+# python -m rlinf_search.serve). Arms:
+#   grpo        GRPO alone (the teacher only measures: algorithm.distill.coef 0)
+#   grpo_rkl    GRPO + the sampled-token reverse-KL term (coef DISTILL_COEF)
+#   grpo_topk   GRPO + the teacher's top-k KL (top_k DISTILL_TOP_K, coef 0)
+#   topk_only   the top-k KL alone (mode only)
+# Phase 1: every arm at every lr of DISTILL_LRS on the first seed; each arm's lr is the one with the best
+# validation EM at the last step (held-out test questions are never used to choose). Phase 2: the other
+# seeds at that lr. Held-out test EM at steps 10, 20, 30 of every run (its checkpoints). Ends with a table
+# (mean and spread over seeds) and distill_compare.png.
+# Not here yet: the offline baseline (SFT on the teacher's own trajectories).
+#   bash scripts/distill_compare.sh                       # runs scripts/demo.sh first when DEMO_OUT has no model
+#   DISTILL_ARMS="grpo grpo_topk" DISTILL_LRS=1e-4 DISTILL_SEEDS=0 DISTILL_RL_STEPS=2 bash scripts/distill_compare.sh
+# With the defaults: 4 arms x 3 lrs + 4 arms x 2 seeds = 20 runs of 30 steps, each with 3 evaluations.
+set -euo pipefail
+source "$(dirname "$0")/setup_env.sh"
+cd "$ROOT"
+DEMO="${DEMO_OUT:-outputs/demo}"
+OUT="${DISTILL_OUT:-outputs/distill_compare}"
+ARMS="${DISTILL_ARMS:-grpo grpo_rkl grpo_topk topk_only}"
+LRS="${DISTILL_LRS:-3e-5 1e-4 3e-4}"  # around the demo's GRPO lr (1e-4)
+SEEDS="${DISTILL_SEEDS:-0 1 2}"
+STEPS="${DISTILL_RL_STEPS:-30}"
+EVERY="${DISTILL_EVAL_EVERY:-10}"  # checkpoints (and held-out evaluations) every this many steps
+COEF="${DISTILL_COEF:-1.0}"
+TOP_K="${DISTILL_TOP_K:-8}"
+EVAL_N="${DISTILL_EVAL_N:-300}"
+TOPK=1  # passages per search, as in scripts/demo.sh
+STUDENT="$DEMO/model/sft"
+TEACHER="${DISTILL_TEACHER:-$DEMO/rl/checkpoints/global_step_30/hf_model}"
+export HF_HUB_DISABLE_PROGRESS_BARS="${HF_HUB_DISABLE_PROGRESS_BARS:-1}"
+step() { printf '\n== %s\n' "$*"; }
+mkdir -p "$OUT/runs"
+
+if [ ! -d "$TEACHER" ] || [ ! -d "$STUDENT" ]; then
+    step "0/4 no demo at $DEMO: running the demo first (about 15 minutes)"
+    DEMO_OUT="$DEMO" bash scripts/demo.sh
+fi
+
+step "1/4 retrieval and teacher servers on free loopback ports"
+rm -f "$OUT/server.addr" "$OUT/teacher.addr"
+"$PY" -m rlinf_search.retrieval.server --index-dir "$DEMO/index" --corpus "$DEMO/data/corpus.jsonl" \
+    --retriever bm25 --host 127.0.0.1 --port 0 --save-address-to "$OUT/server.addr" > "$OUT/server.log" 2>&1 &
+SERVER_PID=$!
+"$PY" -m rlinf_search.serve --model "$TEACHER" --served-model-name teacher --port 0 \
+    --save-address-to "$OUT/teacher.addr" > "$OUT/teacher.log" 2>&1 &
+TEACHER_PID=$!
+trap 'kill $SERVER_PID $TEACHER_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/server.addr" --timeout 120)
+TEACHER_ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/teacher.addr" --timeout 120)
+echo "retrieval at $ADDR, teacher at $TEACHER_ADDR ($TEACHER), student $STUDENT"
+
+arm_overrides() {  # the algorithm.distill keys of one arm
+    case "$1" in
+        grpo) echo "algorithm.distill.coef=0 algorithm.distill.top_k=0" ;;
+        grpo_rkl) echo "algorithm.distill.coef=$COEF algorithm.distill.top_k=0" ;;
+        grpo_topk) echo "algorithm.distill.coef=0 algorithm.distill.top_k=$TOP_K" ;;
+        topk_only) echo "algorithm.distill.mode=only algorithm.distill.coef=0 algorithm.distill.top_k=$TOP_K" ;;
+        *) echo "unknown arm $1 (grpo, grpo_rkl, grpo_topk, topk_only)" >&2; exit 2 ;;
+    esac
+}
+
+run_arm() {  # arm lr seed: one run of STEPS steps, then held-out EM at each checkpoint; skipped when done
+    local arm="$1" lr="$2" seed="$3" name="$1_lr$2_s$3" dir="$OUT/runs/$1_lr$2_s$3"
+    if [ -f "$dir/done" ]; then echo "$name: done before"; return; fi
+    rm -rf "$dir"
+    # shellcheck disable=SC2046  # the overrides are words
+    "$PY" examples/searchr1/main_searchr1.py --config-name tiny-cpu-distill runner.output_dir="$dir" \
+        runner.max_steps="$STEPS" runner.resume_dir=null runner.save_interval="$EVERY" runner.val_check_interval="$EVERY" \
+        rollout.model.model_path="$STUDENT" algorithm.distill.teacher.base_url="http://$TEACHER_ADDR/v1" \
+        tools.search.server_addr="$ADDR" tools.search.topk="$TOPK" data.seed="$seed" \
+        data.train_data_paths="[$DEMO/data/train.prepared.jsonl]" data.val_data_paths="[$DEMO/data/val.prepared.jsonl]" \
+        actor.optim.lr="$lr" $(arm_overrides "$arm") > "$dir.log" 2>&1 || { echo "$name failed; see $dir.log" >&2; exit 1; }
+    for at in $(seq "$EVERY" "$EVERY" "$STEPS"); do
+        "$PY" -m rlinf_search.runners.eval_runner --model "$dir/checkpoints/global_step_$at/hf_model" \
+            --data "$DEMO/data/test.prepared.jsonl" --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 \
+            --max-samples "$EVAL_N" --out "$dir/eval/step_$at" > "$dir/eval_step_$at.log" 2>&1
+    done
+    touch "$dir/done"
+    echo "$name: $(tail -n 1 "$dir/eval_step_$STEPS.log")"
+}
+
+FIRST_SEED="${SEEDS%% *}"
+step "2/4 learning-rate grid on seed $FIRST_SEED: arms [$ARMS] x lrs [$LRS], $STEPS steps each"
+for arm in $ARMS; do for lr in $LRS; do run_arm "$arm" "$lr" "$FIRST_SEED"; done; done
+
+step "3/4 the other seeds at each arm's lr (best validation EM at step $STEPS on seed $FIRST_SEED)"
+for arm in $ARMS; do
+    lr=$("$PY" examples/searchr1/distill_compare_summary.py --out "$OUT" --steps "$STEPS" --best-lr "$arm" --seed "$FIRST_SEED")
+    for seed in $SEEDS; do [ "$seed" = "$FIRST_SEED" ] || run_arm "$arm" "$lr" "$seed"; done
+done
+
+step "4/4 table and curves"
+"$PY" examples/searchr1/distill_compare_summary.py --out "$OUT" --steps "$STEPS" --every "$EVERY" --seeds $SEEDS
