@@ -43,16 +43,8 @@ if [ ! -d "$TEACHER" ] || [ ! -d "$STUDENT" ]; then
 fi
 
 step "1/4 retrieval and teacher servers on free loopback ports"
-rm -f "$OUT/server.addr" "$OUT/teacher.addr"
-"$PY" -m rlinf_search.retrieval.server --index-dir "$DEMO/index" --corpus "$DEMO/data/corpus.jsonl" \
-    --retriever bm25 --host 127.0.0.1 --port 0 --save-address-to "$OUT/server.addr" > "$OUT/server.log" 2>&1 &
-SERVER_PID=$!
-"$PY" -m rlinf_search.serve --model "$TEACHER" --served-model-name teacher --port 0 \
-    --save-address-to "$OUT/teacher.addr" > "$OUT/teacher.log" 2>&1 &
-TEACHER_PID=$!
-trap 'kill $SERVER_PID $TEACHER_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/server.addr" --timeout 120)
-TEACHER_ADDR=$("$PY" -m rlinf_search.retrieval.launch --wait-for "$OUT/teacher.addr" --timeout 120)
+source "$ROOT/scripts/distill_servers.sh"
+start_distill_servers "$DEMO" "$OUT" "$TEACHER"
 echo "retrieval at $ADDR, teacher at $TEACHER_ADDR ($TEACHER), student $STUDENT"
 
 arm_overrides() {  # the algorithm.distill keys of one arm

@@ -18,6 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
+# The same folder: run as a script, it is on sys.path.
+from distill_summary import curve, read_metrics
+
 ARMS = ("grpo", "grpo_rkl", "grpo_topk", "topk_only")
 LABELS = {"grpo": "GRPO", "grpo_rkl": "GRPO + reverse KL", "grpo_topk": "GRPO + top-k KL", "topk_only": "top-k KL alone"}
 RUN_NAME = re.compile(r"^(?P<arm>[a-z_]+)_lr(?P<lr>[0-9.e+-]+)_s(?P<seed>\d+)$")
@@ -34,8 +37,8 @@ def runs(out: Path) -> list[dict]:
 
 
 def val_em(folder: Path, step: int) -> float:
-    rows = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    points = [row["val/em"] for row in rows if "val/em" in row and row["step"] == step]
+    points = [value for at, value in zip(*curve(read_metrics(folder / "logs" / "metrics.jsonl"), "val/em"))
+              if at == step]
     if not points:
         raise ValueError(f"{folder} logged no val/em at step {step}")
     return points[-1]

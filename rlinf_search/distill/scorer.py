@@ -132,18 +132,20 @@ class TeacherScorer:
         shape = tuple(batch.response_mask.shape)
         teacher = torch.zeros(shape)
         scored = torch.zeros(shape, dtype=torch.bool)
-        segment = torch.arange(shape[1]).repeat(shape[0], 1)  # each token its own piece, unless told otherwise
         failures = [message for _, _, message in answers if message is not None]
         for row, (aligned, _, _) in enumerate(answers):
             if aligned is not None:
                 width = len(aligned.values)
                 teacher[row, :width] = torch.tensor(aligned.values)
                 scored[row, :width] = torch.tensor(aligned.scored)
-                if aligned.segment is not None:
-                    segment[row, :width] = torch.tensor(aligned.segment)
         self._check_failures(len(failures), len(answers), failures[:1])
-        # Pieces of several student tokens (different tokenizers) share their KL once the student's are known.
-        teacher = teacher_per_token(teacher, scored, segment, batch.old_logprobs.float())
+        if any(aligned is not None and aligned.segment is not None for aligned, _, _ in answers):
+            # Pieces of several student tokens (different tokenizers) share their KL once the student's are known.
+            segment = torch.arange(shape[1]).repeat(shape[0], 1)  # each token its own piece, unless told otherwise
+            for row, (aligned, _, _) in enumerate(answers):
+                if aligned is not None and aligned.segment is not None:
+                    segment[row, : len(aligned.segment)] = torch.tensor(aligned.segment)
+            teacher = teacher_per_token(teacher, scored, segment, batch.old_logprobs.float())
         kl = reverse_kl(batch.old_logprobs.float(), teacher, scored)
         term = distill_term(kl, scored, batch.response_mask, self.config)
         batch.advantages = combine(batch.advantages, term, batch.response_mask, self.config)

@@ -17,13 +17,18 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from rlinf_search.distill.config import TeacherConfig
 from rlinf_search.net.http import FinalBackendError, make_http_client, post_json
 from rlinf_search.net.retry import CallFailed, RetryingCaller
+
+
+T = TypeVar("T")
 
 
 class TeacherFailed(Exception):
@@ -79,9 +84,22 @@ class TeacherClient:
         its ``top_k`` most likely tokens at every position."""
         loop = asyncio.get_running_loop()
         started = loop.time()
+        tokens = await self._echo(prompt, top_k=top_k, as_ids=top_k > 0,
+                                  read=lambda answer: _echoed(answer, prompt, top_k))
+        tokens.latency_s = loop.time() - started
+        return tokens
+
+    async def token_ids(self, text: str) -> list[int]:
+        """The ids the teacher's own tokenizer gives ``text`` (echoed with ``return_tokens_as_token_ids``): the
+        start-up check that a teacher set to share the student's tokenizer really does."""
+        return await self._echo(text, top_k=0, as_ids=True, read=_echoed_ids)
+
+    async def _echo(self, prompt: list[int] | str, *, top_k: int, as_ids: bool, read: Callable[[dict], T]) -> T:
+        """One echoed completion of ``prompt`` (``max_tokens: 1``) through the retrying caller, read by ``read``;
+        every failure, a malformed answer included, is a one-line ``TeacherFailed``."""
         body = {"model": self.config.model, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": top_k,
                 "temperature": self.temperature}
-        if top_k:
+        if as_ids:
             body["return_tokens_as_token_ids"] = True
 
         async def attempt() -> dict:
@@ -89,36 +107,11 @@ class TeacherClient:
                                    headers=self._headers)
 
         try:
-            answer = await self._caller.call(attempt, deadline_s=self.config.deadline_s)
-            tokens = _echoed(answer, prompt, top_k)
+            return read(await self._caller.call(attempt, deadline_s=self.config.deadline_s))
         except CallFailed as failed:
             raise TeacherFailed(self._failure_message(failed)) from None
         except FinalBackendError as exc:
             raise TeacherFailed(f"teacher at {self.url} {exc.reason}") from None
-        tokens.latency_s = loop.time() - started
-        return tokens
-
-    async def token_ids(self, text: str) -> list[int]:
-        """The ids the teacher's own tokenizer gives ``text`` (echoed with ``return_tokens_as_token_ids``): the
-        start-up check that a teacher set to share the student's tokenizer really does."""
-        body = {"model": self.config.model, "prompt": text, "max_tokens": 1, "echo": True, "logprobs": 0,
-                "temperature": self.temperature, "return_tokens_as_token_ids": True}
-
-        async def attempt() -> dict:
-            return await post_json(self._http, self.url, body, timeout_s=self.config.timeout_s,
-                                   headers=self._headers)
-
-        try:
-            answer = await self._caller.call(attempt, deadline_s=self.config.deadline_s)
-            tokens = answer["choices"][0]["logprobs"]["tokens"][:-1]  # the last one is the token generated
-            return [int(token.removeprefix("token_id:")) for token in tokens]
-        except CallFailed as failed:
-            raise TeacherFailed(self._failure_message(failed)) from None
-        except FinalBackendError as exc:
-            raise TeacherFailed(f"teacher at {self.url} {exc.reason}") from None
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError):
-            raise TeacherFailed(f"teacher at {self.url} sent no logprobs.tokens as token_id:<id>; it must "
-                                "accept return_tokens_as_token_ids, as vLLM does") from None
 
     def _failure_message(self, failed: CallFailed) -> str:
         plural = "s" if failed.attempts > 1 else ""
@@ -152,6 +145,16 @@ def _echoed(answer: dict, prompt: list[int], top_k: int = 0) -> TeacherTokens:
                                 f"generated (a server that adds a BOS to token prompts shifts every value)")
     top = _top_ids(logprobs.get("top_logprobs"), len(prompt), top_k) if top_k else None
     return TeacherTokens(logprobs=values[: len(prompt)], top=top, latency_s=0.0)
+
+
+def _echoed_ids(answer: dict) -> list[int]:
+    """The echoed prompt's ids from ``logprobs.tokens`` keyed ``token_id:<id>`` (the last token is the one
+    generated)."""
+    try:
+        return [_token_id(token) for token in answer["choices"][0]["logprobs"]["tokens"][:-1]]
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        raise FinalBackendError("sent no logprobs.tokens as token_id:<id>; it must accept "
+                                "return_tokens_as_token_ids, as vLLM does") from None
 
 
 def _top_ids(top: list | None, length: int, top_k: int) -> TopK:
