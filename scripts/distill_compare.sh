@@ -6,20 +6,21 @@
 #   grpo_rkl    GRPO + the sampled-token reverse-KL term (coef DISTILL_COEF)
 #   grpo_topk   GRPO + the teacher's top-k KL (top_k DISTILL_TOP_K, coef 0)
 #   topk_only   the top-k KL alone (mode only)
+#   sft_teacher the offline baseline: SFT on the teacher's own trajectories (toolkits/teacher_sft.py), as many
+#               as the RL arms sample (30 steps x 16 questions x 4), the RL actor's optimizer settings
 # Phase 1: every arm at every lr of DISTILL_LRS on the first seed; each arm's lr is the one with the best
 # validation EM at the last step (held-out test questions are never used to choose). Phase 2: the other
 # seeds at that lr. Held-out test EM at steps 10, 20, 30 of every run (its checkpoints). Ends with a table
 # (mean and spread over seeds) and distill_compare.png.
-# Not here yet: the offline baseline (SFT on the teacher's own trajectories).
 #   bash scripts/distill_compare.sh                       # runs scripts/demo.sh first when DEMO_OUT has no model
 #   DISTILL_ARMS="grpo grpo_topk" DISTILL_LRS=1e-4 DISTILL_SEEDS=0 DISTILL_RL_STEPS=2 bash scripts/distill_compare.sh
-# With the defaults: 4 arms x 3 lrs + 4 arms x 2 seeds = 20 runs of 30 steps, each with 3 evaluations.
+# With the defaults: 5 arms x 3 lrs + 5 arms x 2 seeds = 25 runs of 30 steps, each with 3 evaluations.
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
 DEMO="${DEMO_OUT:-outputs/demo}"
 OUT="${DISTILL_OUT:-outputs/distill_compare}"
-ARMS="${DISTILL_ARMS:-grpo grpo_rkl grpo_topk topk_only}"
+ARMS="${DISTILL_ARMS:-grpo grpo_rkl grpo_topk topk_only sft_teacher}"
 LRS="${DISTILL_LRS:-3e-5 1e-4 3e-4}"  # around the demo's GRPO lr (1e-4)
 SEEDS="${DISTILL_SEEDS:-0 1 2}"
 STEPS="${DISTILL_RL_STEPS:-30}"
@@ -33,6 +34,11 @@ STUDENT="$DEMO/model/sft"
 # that trains like it converges onto it (the pilot's GRPO arm ended at reverse KL 0.007). Name a stronger
 # teacher (DISTILL_TEACHER: a longer run, another seed, a larger model) for a comparison that means something.
 TEACHER="${DISTILL_TEACHER:-$DEMO/rl/checkpoints/global_step_30/hf_model}"
+for arm in $ARMS; do  # before anything starts
+    case "$arm" in grpo | grpo_rkl | grpo_topk | topk_only | sft_teacher) ;;
+        *) echo "distill_compare: unknown arm $arm in DISTILL_ARMS (grpo, grpo_rkl, grpo_topk, topk_only, sft_teacher)" >&2; exit 2 ;;
+    esac
+done
 export HF_HUB_DISABLE_PROGRESS_BARS="${HF_HUB_DISABLE_PROGRESS_BARS:-1}"
 step() { printf '\n== %s\n' "$*"; }
 mkdir -p "$OUT/runs"
@@ -53,21 +59,30 @@ arm_overrides() {  # the algorithm.distill keys of one arm
         grpo_rkl) echo "algorithm.distill.coef=$COEF algorithm.distill.top_k=0" ;;
         grpo_topk) echo "algorithm.distill.coef=0 algorithm.distill.top_k=$TOP_K" ;;
         topk_only) echo "algorithm.distill.mode=only algorithm.distill.coef=0 algorithm.distill.top_k=$TOP_K" ;;
-        *) echo "unknown arm $1 (grpo, grpo_rkl, grpo_topk, topk_only)" >&2; exit 2 ;;
     esac
+}
+
+train_arm() {  # arm lr seed dir: the training part of one run
+    if [ "$1" = sft_teacher ]; then  # the shape of the RL runs (tiny-cpu.yaml) given to the offline baseline
+        "$PY" -m toolkits.teacher_sft --teacher "$TEACHER" --student "$STUDENT" --out "$4" --lr "$2" --seed "$3" \
+            --data "$DEMO/data/train.prepared.jsonl" --val-data "$DEMO/data/val.prepared.jsonl" --server-addr "$ADDR" \
+            --topk "$TOPK" --steps "$STEPS" --save-every "$EVERY"
+        return
+    fi
+    # shellcheck disable=SC2046  # the overrides are words
+    "$PY" examples/searchr1/main_searchr1.py --config-name tiny-cpu-distill runner.output_dir="$4" \
+        runner.max_steps="$STEPS" runner.resume_dir=null runner.save_interval="$EVERY" runner.val_check_interval="$EVERY" \
+        rollout.model.model_path="$STUDENT" algorithm.distill.teacher.base_url="http://$TEACHER_ADDR/v1" \
+        tools.search.server_addr="$ADDR" tools.search.topk="$TOPK" data.seed="$3" \
+        data.train_data_paths="[$DEMO/data/train.prepared.jsonl]" data.val_data_paths="[$DEMO/data/val.prepared.jsonl]" \
+        actor.optim.lr="$2" $(arm_overrides "$1")
 }
 
 run_arm() {  # arm lr seed: one run of STEPS steps, then held-out EM at each checkpoint; skipped when done
     local arm="$1" lr="$2" seed="$3" name="$1_lr$2_s$3" dir="$OUT/runs/$1_lr$2_s$3"
     if [ -f "$dir/done" ]; then echo "$name: done before"; return; fi
     rm -rf "$dir"
-    # shellcheck disable=SC2046  # the overrides are words
-    "$PY" examples/searchr1/main_searchr1.py --config-name tiny-cpu-distill runner.output_dir="$dir" \
-        runner.max_steps="$STEPS" runner.resume_dir=null runner.save_interval="$EVERY" runner.val_check_interval="$EVERY" \
-        rollout.model.model_path="$STUDENT" algorithm.distill.teacher.base_url="http://$TEACHER_ADDR/v1" \
-        tools.search.server_addr="$ADDR" tools.search.topk="$TOPK" data.seed="$seed" \
-        data.train_data_paths="[$DEMO/data/train.prepared.jsonl]" data.val_data_paths="[$DEMO/data/val.prepared.jsonl]" \
-        actor.optim.lr="$lr" $(arm_overrides "$arm") > "$dir.log" 2>&1 || { echo "$name failed; see $dir.log" >&2; exit 1; }
+    train_arm "$arm" "$lr" "$seed" "$dir" > "$dir.log" 2>&1 || { echo "$name failed; see $dir.log" >&2; exit 1; }
     for at in $(seq "$EVERY" "$EVERY" "$STEPS"); do
         "$PY" -m rlinf_search.runners.eval_runner --model "$dir/checkpoints/global_step_$at/hf_model" \
             --data "$DEMO/data/test.prepared.jsonl" --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 \

@@ -74,6 +74,9 @@ class SFTConfig:
     """Linear warm-up; a tiny model at full lr from step 0 can diverge on the first batches."""
     seed: int = 0
     """Seed for trajectory order."""
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay (0.01, torch's default, for the warm start; the offline distillation
+    baseline takes the RL actor's, so the two arms differ only in where their trajectories come from)."""
     final_stage_decay: float = 0.9
     """Over the last stage the lr falls linearly by this fraction of itself (0: constant). That stage sets
     how often the model searches; at full lr its last few batches' share of searches would set it."""
@@ -169,16 +172,18 @@ def sft_loss(model, ids: torch.Tensor, attention: torch.Tensor, labels: torch.Te
 
 
 def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probes: ProbeSet | None = None,
-              *, report: Callable[[str], None] = print) -> WarmStartLog:
+              *, report: Callable[[str], None] = print,
+              after_step: Callable[[int, float], None] | None = None) -> WarmStartLog:
     """Cross-entropy on the trained tokens, stage after stage; a stage with a goal stops as soon as the probes
-    show it (``report`` gets a line per reading) and raises ``GoalNotReached`` at its step cap."""
+    show it (``report`` gets a line per reading) and raises ``GoalNotReached`` at its step cap. ``after_step``
+    gets (optimizer steps so far, this step's loss) after every step: checkpoints and evaluations go there."""
     for stage in stages:
         if stage.steps and not stage.trajectories:
             raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
         if stage.goal is not None and probes is None:
             raise ValueError(f"warm-start stage {stage.name!r} has a goal but no probes were given")
     rng = random.Random(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     model.train()
     log = WarmStartLog(losses=[], stages=[])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -208,6 +213,8 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
             optimizer.step()
             log.losses.append(loss.item())
             record.steps = step + 1
+            if after_step is not None:
+                after_step(len(log.losses), log.losses[-1])
             bar.set_postfix(loss=f"{log.losses[-1]:.3f}")
             if probes is not None and (record.steps % stage.check_every == 0 or record.steps == stage.steps):
                 reading = probes.read(model)

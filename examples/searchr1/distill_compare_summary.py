@@ -21,8 +21,9 @@ from pathlib import Path
 # The same folder: run as a script, it is on sys.path.
 from distill_summary import curve, read_metrics
 
-ARMS = ("grpo", "grpo_rkl", "grpo_topk", "topk_only")
-LABELS = {"grpo": "GRPO", "grpo_rkl": "GRPO + reverse KL", "grpo_topk": "GRPO + top-k KL", "topk_only": "top-k KL alone"}
+ARMS = ("grpo", "grpo_rkl", "grpo_topk", "topk_only", "sft_teacher")
+LABELS = {"grpo": "GRPO", "grpo_rkl": "GRPO + reverse KL", "grpo_topk": "GRPO + top-k KL", "topk_only": "top-k KL alone",
+          "sft_teacher": "SFT on teacher"}
 RUN_NAME = re.compile(r"^(?P<arm>[a-z_]+)_lr(?P<lr>[0-9.e+-]+)_s(?P<seed>\d+)$")
 
 
