@@ -103,6 +103,8 @@ def test_three_steps_through_worker_groups(tmp_path, synth, server, tiny_model_d
     # of micro-batches (the case that hung before every rank ran the same number of passes).
     cfg = _config(tmp_path, synth, server, tiny_model_dir, **{"actor.model.precision": "bf16",
                                                                "runner.max_tokens_per_mbs": 200})
+    grouped_search = len(placement) > 1  # the disaggregated run searches through a SearchTool group
+    cfg.tools.search.num_workers = 1 if grouped_search else 0
     cfg.cluster.cpu_slots_per_node = 3
     cfg.cluster.component_placement = placement
     assert validate_cfg(cfg).placement.mode == ("collocated" if len(placement) == 1 else "disaggregated")
@@ -115,6 +117,12 @@ def test_three_steps_through_worker_groups(tmp_path, synth, server, tiny_model_d
                 "time/weight_sync_s", "throughput/tokens_per_s"):
         assert key in rows[-1], key
     assert "val/em" in rows[-1] and "val/em/synth" in rows[-1] and "val/searches/synth" in rows[-1]
+    if grouped_search:  # every training search went through the group (validation comes after the step's line)
+        searches = sum(round(r["rollout/searches_per_trajectory"] * r["rollout/trajectories"]) for r in rows)
+        assert rows[-1]["search/calls"] == searches
+        assert rows[-1]["search/requests"] <= searches
+    else:
+        assert "search/calls" not in rows[-1]
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "global_step_3"
     # The run's records: its settings, and sample trajectories of every step and validation.
     saved = OmegaConf.load(tmp_path / "run" / "config.yaml")

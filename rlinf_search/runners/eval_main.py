@@ -19,6 +19,7 @@ from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
 from rlinf_search.scheduler import Cluster, wait_all
 from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
+from rlinf_search.workers.tool.launch import launch_search_group
 
 
 def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
@@ -33,6 +34,7 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
     with Cluster(config.cluster) as cluster:
         rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(cluster, cluster.placement["rollout"],
                                                             name=config.rollout_group)
+        launch_search_group(config.search, cluster, rollout)
         reward = RewardWorker.create_group(config.reward).launch(cluster, cluster.placement["reward"],
                                                           name=config.reward_group)
         parts = shard(records, rollout.world_size)

@@ -22,6 +22,9 @@ class Groups:
     inference: WorkerGroup | None = None
     """Old and reference log-probs on devices of its own (``InferenceConfig.separate``); None: the
     actor computes them."""
+    search: WorkerGroup | None = None
+    """The SearchTool group every rollout rank searches through (``tools.search.num_workers``); None: each
+    rollout rank has its own client."""
 
 
 def shard(items: list, parts: int) -> list[list]:

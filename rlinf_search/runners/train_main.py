@@ -23,16 +23,19 @@ from rlinf_search.workers.critic.worker import CriticWorker
 from rlinf_search.workers.inference.worker import InferenceWorker
 from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
+from rlinf_search.workers.tool.launch import launch_search_group
 
 
 def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> Groups:
-    """Every worker group on its placement (the critic and the InferenceGroup when the config has them)."""
+    """Every worker group on its placement (the critic, the InferenceGroup and the SearchTool group when the
+    config has them)."""
     placement = cluster.placement
     require_training_backend(config.actor, device_kind=cluster.device_kind,
                              actor_ranks=len(placement["actor"].ranks))
     actor = ActorWorker.create_group(config.actor, str(resume) if resume else None).launch(
         cluster, placement["actor"], name=config.actor_group)
     rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(cluster, placement["rollout"], name=config.rollout_group)
+    search = launch_search_group(config.search, cluster, rollout)
     reward = RewardWorker.create_group(config.reward).launch(cluster, placement["reward"], name=config.reward_group)
     critic = None
     if config.critic is not None:  # on the actor's devices: it trains on the same rows at the same time
@@ -43,7 +46,7 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
         inference = InferenceWorker.create_group(config.actor, config.inference, policy=config.recompute_logprobs,
                                                  reference=config.actor.loss.kl_beta > 0).launch(
             cluster, placement["inference"], name=config.inference.group_name)
-    return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference)
+    return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference, search=search)
 
 
 def read_prompts(config: RunConfig) -> RunPrompts:

@@ -37,6 +37,7 @@ from rlinf_search.workers.critic.worker import CriticWorker
 from rlinf_search.workers.inference.worker import InferenceWorker
 from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
+from rlinf_search.workers.tool.launch import search_group_metrics
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,8 @@ class SearchR1Runner:
         if self.groups.critic is not None:
             metrics.update(batch_value_metrics(batch))
         metrics.update(distill_metrics)
+        if self.groups.search is not None:
+            metrics.update(search_group_metrics(self.groups.search))
         return metrics
 
     def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[RewardScore],

@@ -38,6 +38,12 @@ class SearchToolConfig:
     rate_limit_per_s: float = 0.0
     """Requests started per second (token bucket); 0 means unlimited. Web APIs bill and throttle
     per request, a local server does not need it."""
+    num_workers: int = 0
+    """Ranks of the SearchTool group, which owns the search client for the whole cluster: one cache, one
+    coalescing window, and the concurrency cap and rate limit above kept by all rollout ranks together
+    (verl's tool ``num_workers``). Each rank serves the queries that hash to it, with its share of the
+    limits and the cache. 0: no group; each rollout rank opens its own client for each rollout call, with
+    the limits above each (a single rollout rank, as on a CPU, loses nothing)."""
     cache_size: int = 10_000
     """LRU entries keyed on (normalised query, topk); 0 disables. GRPO samples the same prompt
     several times, so identical queries are common within a step."""
@@ -78,7 +84,7 @@ class SearchToolConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"tools.search.{name} must be > 0, got {value!r}")
-        non_negative = {"max_retries": self.max_retries, "backoff_base_s": self.backoff_base_s,
+        non_negative = {"num_workers": self.num_workers, "max_retries": self.max_retries, "backoff_base_s": self.backoff_base_s,
                         "backoff_max_s": self.backoff_max_s, "rate_limit_per_s": self.rate_limit_per_s,
                         "cache_size": self.cache_size, "coalesce_window_s": self.coalesce_window_s}
         for name, value in non_negative.items():

@@ -13,6 +13,7 @@ from rlinf_search.scheduler import Worker
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.base import build_engine
 from rlinf_search.workers.rollout.config import RolloutConfig
+from rlinf_search.workers.tool.remote import GroupSearchTool
 
 
 class RolloutWorker(Worker):
@@ -28,6 +29,18 @@ class RolloutWorker(Worker):
         # from it; so this generator's state is the whole sampling state of the rank, and a
         # checkpoint that stores it replays the next rollout exactly.
         self.seeds = torch.Generator().manual_seed(seed + self.rank)
+        self.search_actors: list = []
+        """The SearchTool group's ranks (``use_search_group``); empty: a client of this rank's own per call."""
+
+    def use_search_group(self, actors: list) -> None:
+        """Search through the SearchTool group's ranks from now on (``tools.search.num_workers`` >= 1)."""
+        self.search_actors = list(actors)
+
+    def _search_tool(self):
+        if self.search_actors:
+            return GroupSearchTool(self.search_actors)
+        # The search client's connections belong to one event loop: one client per call.
+        return build_search_tool(self.search)
 
     def rollout(self, records: list[QARecord], samples_per_prompt: int, greedy: bool = False) -> list[Trajectory]:
         """Roll out ``records`` (``samples_per_prompt`` each) with a fresh search client for this call."""
@@ -39,8 +52,7 @@ class RolloutWorker(Worker):
             seed = None  # rollout.seeded false: the engine's own generator samples every request
 
         async def run() -> list[Trajectory]:
-            # The search client's connections belong to one event loop: one client per call.
-            tool = build_search_tool(self.search)
+            tool = self._search_tool()
             try:
                 loop = SearchR1AgentLoop(self.engine, tool, self.engine.tokenizer, loop_config)
                 return await loop.run_batch(records, samples_per_prompt, seed=seed)

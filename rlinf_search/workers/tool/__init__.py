@@ -1,0 +1,1 @@
+"""The SearchTool group: the cluster's one search client, and the tool the agent loops call it through."""

@@ -1,0 +1,42 @@
+"""Starting the SearchTool group beside a rollout group and handing its ranks to the rollout ranks."""
+
+from __future__ import annotations
+
+from rlinf_search.scheduler import Cluster, WorkerGroup
+from rlinf_search.scheduler.placement import ComponentPlacement, RankPlacement
+from rlinf_search.tools.search import SearchToolConfig
+from rlinf_search.workers.rollout.worker import RolloutWorker
+from rlinf_search.workers.tool.worker import SearchToolWorker
+
+
+def host_placement(name: str, world_size: int) -> ComponentPlacement:
+    """``world_size`` ranks on the first node's first slot: workers that use no device (they wait on the
+    network) and belong beside the driver, where the retrieval server usually runs."""
+    ranks = tuple(RankPlacement(rank=r, node_rank=0, device=0, local_rank=r, local_world_size=world_size)
+                  for r in range(world_size))
+    return ComponentPlacement(name=name, ranks=ranks, devices=(0,) * world_size)
+
+
+def launch_search_group(search: SearchToolConfig, cluster: Cluster, rollout: WorkerGroup, *,
+                        name: str = "SearchToolGroup") -> WorkerGroup | None:
+    """With ``tools.search.num_workers`` >= 1: the SearchTool group, its ranks handed to every rollout rank
+    (their agent loops search through it from then on). None with 0: each rollout rank keeps its own client."""
+    if search.num_workers < 1:
+        return None
+    group = SearchToolWorker.create_group(search).launch(cluster, host_placement(name, search.num_workers),
+                                                         name=name)
+    rollout.call(RolloutWorker.use_search_group, list(group.actors)).wait()
+    return group
+
+
+def search_group_metrics(group: WorkerGroup, *, timeout_s: float = 60.0) -> dict[str, float]:
+    """The group's counters since the run started, summed over its ranks, for the step's metrics line:
+    ``search/calls``, ``search/requests`` (sent to the backend, retries counted), ``search/cache_hit_rate``,
+    ``search/shared_rate`` (calls that joined an identical query in flight) and ``search/latency_ms_p99``
+    (the slowest rank's)."""
+    stats = group.call(SearchToolWorker.stats).wait(timeout_s)
+    calls = sum(s["calls"] for s in stats)
+    return {"search/calls": float(calls), "search/requests": float(sum(s["requests"] for s in stats)),
+            "search/cache_hit_rate": sum(s["cache_hits"] for s in stats) / calls if calls else 0.0,
+            "search/shared_rate": sum(s["shared"] for s in stats) / calls if calls else 0.0,
+            "search/latency_ms_p99": max(s["latency_ms_p99"] for s in stats)}
