@@ -17,7 +17,6 @@ from rlinf_search.workers.rollout.scripted import ScriptedEngine
 from rlinf_search.workers.tool.launch import host_placement
 from rlinf_search.workers.tool.remote import GroupSearchTool, tool_rank
 from rlinf_search.workers.tool.worker import SearchToolWorker, rank_share
-from tests.conftest import HOTPOT_DIR
 
 QUERIES = ["Lilu demon", "Demon Dice", "Vancouver International Airport", "Formula One Arcade", "Navarretia cotulifolia",
            "Tere Naam", "Chicago Tigers", "Trevor LeBlanc"]  # titles of the bundled HotpotQA corpus

@@ -56,7 +56,7 @@ def test_student_trains_on_the_teachers_trajectories(tmp_path, tiny_model_dir, h
              "--server-addr", server.address, "--out", str(out), "--steps", "6", "--prompts-per-step", "4",
              "--samples-per-prompt", "2", "--minibatches", "1", "--save-every", "3", "--lr", "1e-3",
              "--max-new-tokens", "16", "--max-prompt-tokens", "512", "--seed", "3"],
-            capture_output=True, text=True, timeout=900)
+            check=False, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     teacher = json.loads((out / "teacher.json").read_text())
     assert teacher["trajectories"] == 6 * 4 * 2 and 0.0 <= teacher["em"] <= 1.0
