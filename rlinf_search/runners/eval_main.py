@@ -14,7 +14,7 @@ from rlinf_search.config.eval import EvalConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.eval_runner import EvalReport, score_trajectories, write_report
-from rlinf_search.runners.group_calls import shard
+from rlinf_search.runners.group_calls import score_shards, shard
 from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
 from rlinf_search.scheduler import Cluster, wait_all
 from rlinf_search.workers.reward.worker import RewardWorker
@@ -41,7 +41,7 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
         calls = [rollout.call_on(rank, RolloutWorker.rollout, part, config.samples_per_prompt, greedy)
                  for rank, part in enumerate(parts)]
         trajectories = [traj for part in wait_all(calls) for traj in part]
-        rewards = [score.reward for score in reward.call(RewardWorker.score, trajectories).wait()[0]]
+        rewards = [score.reward for score in score_shards(reward, trajectories)]
     # Shards are contiguous and each rank keeps its order, so trajectory i belongs to expanded[i].
     expanded = [record for record in records for _ in range(config.samples_per_prompt)]
     report = score_trajectories(expanded, trajectories, rewards)

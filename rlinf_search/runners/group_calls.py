@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.scheduler import WorkerGroup, wait_all
 from rlinf_search.scheduler.worker_group import Method
+from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
 
 
@@ -53,3 +54,9 @@ def collect_rollout(calls: list) -> list[Trajectory]:
     """The trajectories of ``launch_rollout``'s calls, in the order of the records (each rank keeps its
     share's order, and the shares are contiguous)."""
     return [traj for part in wait_all(calls) for traj in part]
+
+
+def score_shards(reward: WorkerGroup, trajectories: list[Trajectory]) -> list[RewardScore]:
+    """Each reward rank scores its own contiguous share of ``trajectories``; the scores in their order."""
+    parts = shard(trajectories, reward.world_size)
+    return [score for part in call_each(reward, RewardWorker.score, [(part,) for part in parts]) for score in part]

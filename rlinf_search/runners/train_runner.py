@@ -23,7 +23,7 @@ from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.distill.scorer import open_teacher
 from rlinf_search.progress import progress
-from rlinf_search.runners.group_calls import Groups, collect_rollout, launch_rollout
+from rlinf_search.runners.group_calls import Groups, collect_rollout, launch_rollout, score_shards
 from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import restore_run, save_run
@@ -35,7 +35,6 @@ from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
 from rlinf_search.workers.critic.worker import CriticWorker
 from rlinf_search.workers.inference.worker import InferenceWorker
-from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
 from rlinf_search.workers.tool.launch import search_group_metrics
 
@@ -112,7 +111,7 @@ class SearchR1Runner:
         return trajectories
 
     def _score(self, trajectories: list[Trajectory]) -> list[RewardScore]:
-        return self.groups.reward.call(RewardWorker.score, trajectories).wait()[0]
+        return score_shards(self.groups.reward, trajectories)
 
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
         """``[B, T]`` critic values before this step's update, computed on every model, observation and
