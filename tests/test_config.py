@@ -105,6 +105,33 @@ def test_inference_group_only_on_devices_of_its_own(cfg):
     assert run.inference.separate and run.inference.forward_micro_batch_size == run.actor.forward_micro_batch_size == 8
 
 
+@pytest.mark.parametrize("placement, recompute, kl_beta, old, reference, receivers", [
+    ({"actor,rollout,reward,inference": "all"}, True, 0.001, "actor", "actor", ("rollout",)),
+    ({"actor,rollout,reward": "all"}, False, 0.001, "engine", "actor", ("rollout",)),
+    ({"actor,rollout,reward": "all"}, False, 0.0, "engine", None, ("rollout",)),
+    ({"actor,rollout,reward": "0", "inference": "1"}, True, 0.001, "inference", "inference", ("rollout", "inference")),
+    ({"actor,rollout,reward": "0", "inference": "1"}, True, 0.0, "inference", None, ("rollout", "inference")),
+    ({"actor,rollout,reward": "0", "inference": "1"}, False, 0.001, "engine", "inference", ("rollout",)),
+])
+def test_one_plan_says_who_computes_log_probs_and_who_gets_weights(cfg, placement, recompute, kl_beta, old,
+                                                                   reference, receivers):
+    cfg.cluster.component_placement = placement
+    cfg.algorithm.recompute_logprobs, cfg.algorithm.kl_beta = recompute, kl_beta
+    plan = validate_cfg(cfg).logprobs
+    assert (plan.old, plan.reference, plan.weight_receivers) == (old, reference, receivers)
+    assert plan.launches_inference == ("inference" in (old, reference))
+    assert plan.scorer == (None if old == "engine" and reference is None else old if old != "engine" else reference)
+
+
+def test_a_plan_that_cannot_run_is_refused():
+    from rlinf_search.workers.inference.plan import LogprobPlan
+
+    with pytest.raises(ValueError, match="one call, on one group"):
+        LogprobPlan(old="actor", reference="inference")
+    with pytest.raises(ValueError, match="engine, actor or inference"):
+        LogprobPlan(old="critic", reference=None)
+
+
 # ---- every accepted key is read: group names, logger name, task and reward type, shuffling, templating ----
 def test_group_names_and_logger_name_are_read(cfg):
     cfg.actor.group_name, cfg.rollout.group_name, cfg.reward.group_name = "Policy", "Engines", "Judges"

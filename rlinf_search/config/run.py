@@ -40,6 +40,7 @@ from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.inference.config import InferenceConfig
+from rlinf_search.workers.inference.plan import LogprobPlan
 from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.rollout.config import RolloutConfig
 
@@ -119,6 +120,9 @@ class RunConfig:
     """Recompute old log-probs (actor or InferenceGroup) instead of using the engine's."""
     inference: InferenceConfig
     """``inference``: whether an InferenceGroup computes the log-probs apart from the actor, and how."""
+    logprobs: LogprobPlan
+    """Who computes the old and reference log-probs and which groups receive weights (from the three keys
+    above and ``algorithm.kl_beta``); everything that launches, calls or syncs reads this."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch."""
     seed: int = 0
@@ -287,15 +291,16 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
                          temperature=sampling.temperature, run_steps=total_steps, seed=seed)
     inference = _inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta,
                            group_name=groups["inference"])
+    logprobs = LogprobPlan.decide(recompute=recompute, kl=actor.loss.kl_beta > 0, separate=inference.separate)
     # The InferenceGroup's policy copy (recomputed old log-probs on devices of its own) loads the compute dtype.
-    receivers = [rollout.dtype] + ([actor.dtype] if inference.separate and recompute else [])
+    receivers = [rollout.dtype] + ([actor.dtype] if "inference" in logprobs.weight_receivers else [])
     actor = replace(actor, sync_dtype=sync_dtype(receivers))
     return RunConfig(
         cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
         agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths,
         val_data_paths=val_paths, rollout_batch_size=batch, group_size=group_size, adv_type=adv_type,
         recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", RunConfig.shuffle),
-        inference=inference,
+        inference=inference, logprobs=logprobs,
         seed=seed, prompt_limit=limit, reward=reward_config(raw), actor_group=groups["actor"],
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),

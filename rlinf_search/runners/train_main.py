@@ -42,9 +42,10 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
         critic = CriticWorker.create_group(config.critic, config.actor.offload, str(resume) if resume else None).launch(
             cluster, placement["actor"], name=config.critic.group_name)
     inference = None
-    if config.inference.separate:  # else the actor computes the log-probs on its own devices
-        inference = InferenceWorker.create_group(config.actor, config.inference, policy=config.recompute_logprobs,
-                                                 reference=config.actor.loss.kl_beta > 0).launch(
+    plan = config.logprobs
+    if plan.launches_inference:  # else the actor computes the log-probs on its own devices
+        inference = InferenceWorker.create_group(config.actor, config.inference, policy=plan.old == "inference",
+                                                 reference=plan.reference == "inference").launch(
             cluster, placement["inference"], name=config.inference.group_name)
     return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference, search=search)
 

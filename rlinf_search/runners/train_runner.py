@@ -23,12 +23,26 @@ from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.distill.scorer import open_teacher
 from rlinf_search.progress import progress
-from rlinf_search.runners.group_calls import Groups, collect_rollout, launch_rollout, score_shards
+from rlinf_search.runners.group_calls import (
+    Groups,
+    collect_rollout,
+    launch_rollout,
+    score_shards,
+)
 from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import restore_run, save_run
-from rlinf_search.runners.rollout_dump import append_batch_audit, dump_row, spread, write_dump
-from rlinf_search.runners.step_metrics import StepTimer, step_metrics, validation_metrics
+from rlinf_search.runners.rollout_dump import (
+    append_batch_audit,
+    dump_row,
+    spread,
+    write_dump,
+)
+from rlinf_search.runners.step_metrics import (
+    StepTimer,
+    step_metrics,
+    validation_metrics,
+)
 from rlinf_search.scheduler import WeightSync, wait_all
 from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.actor.worker import ActorWorker
@@ -87,9 +101,8 @@ class SearchR1Runner:
         self.logger = MetricLogger(Path(config.runner.log_path), list(config.runner.logger_backends),
                                    project=config.runner.project_name, experiment=config.runner.experiment_name,
                                    settings=config.settings)
-        # The InferenceGroup's policy copy follows the actor like the engine does.
-        policy_copies = [groups.inference] if groups.inference is not None and config.recompute_logprobs else []
-        self.weight_sync = WeightSync(groups.actor, [groups.rollout] + policy_copies)
+        receivers = {"rollout": groups.rollout, "inference": groups.inference}
+        self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers])
         # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
         shared = set(groups.rollout.placement.devices) & set(groups.actor.placement.devices)
         self._offload_engine = bool(shared) and not self.pipelined
@@ -148,11 +161,11 @@ class SearchR1Runner:
         return actor_metrics, results[-1] if critic is not None else []
 
     def _logprobs(self, batch: RolloutBatch) -> None:
-        """Old (``recompute_logprobs``, else the engine's) and reference (``kl_beta`` > 0) log-probs;
-        computed by the InferenceGroup when it has devices of its own, else by the actor."""
-        recompute, kl = self.config.recompute_logprobs, self.config.actor.loss.kl_beta > 0
-        if recompute or kl:
-            if self.groups.inference is not None:
+        """Old (recomputed, else the engine's) and reference log-probs, where ``config.logprobs`` says."""
+        plan = self.config.logprobs
+        recompute, kl = plan.recompute, plan.kl
+        if plan.scorer is not None:
+            if plan.scorer == "inference":
                 group, method = self.groups.inference, InferenceWorker.compute_logprobs
             else:
                 group, method = self.groups.actor, ActorWorker.compute_logprobs
