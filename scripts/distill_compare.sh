@@ -103,4 +103,10 @@ for arm in $ARMS; do
 done
 
 step "4/4 table and curves"
-"$PY" examples/searchr1/distill_compare_summary.py --out "$OUT" --steps "$STEPS" --every "$EVERY" --seeds $SEEDS
+# The demo's own held-out evaluation of its trained model is the teacher's line, when that model is the teacher.
+TEACHER_EVAL=()
+if [ "$TEACHER" = "$DEMO/rl/checkpoints/global_step_30/hf_model" ] && [ -f "$DEMO/eval/after_rl/eval_results.json" ]; then
+    TEACHER_EVAL=(--teacher-eval "$DEMO/eval/after_rl/eval_results.json")
+fi
+"$PY" examples/searchr1/distill_compare_summary.py --out "$OUT" --steps "$STEPS" --every "$EVERY" --seeds $SEEDS \
+    ${TEACHER_EVAL[@]+"${TEACHER_EVAL[@]}"}

@@ -56,7 +56,7 @@ def best_lr(found: list[dict], arm: str, seed: int, steps: int) -> str:
     return max(candidates, key=lambda run: (val_em(run["dir"], steps), -float(run["lr"])))["lr"]
 
 
-def plot(table: dict, checkpoints: list[int], out: Path) -> Path:
+def plot(table: dict, checkpoints: list[int], out: Path, teacher_em: float | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,6 +69,8 @@ def plot(table: dict, checkpoints: list[int], out: Path) -> Path:
         high = [max(per_step[s]) for s in checkpoints]
         axis.plot(checkpoints, means, marker="o", label=f"{LABELS.get(arm, arm)} (lr {lr})")
         axis.fill_between(checkpoints, low, high, alpha=0.15)
+    if teacher_em is not None:
+        axis.axhline(teacher_em, color="black", linestyle="--", linewidth=1, label=f"teacher ({teacher_em:.3f})")
     axis.set_xlabel("step")
     axis.set_ylabel("held-out EM (mean, band: min..max over seeds)")
     axis.legend(fontsize=8)
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--best-lr", metavar="ARM", help="print this arm's chosen lr and stop")
     parser.add_argument("--seed", type=int, default=0, help="with --best-lr: the seed the lr grid ran on")
+    parser.add_argument("--teacher-eval", type=Path, help="the teacher's eval_results.json on the same held-out "
+                                                          "questions: a dashed line on the plot")
     args = parser.parse_args(argv)
     try:
         found = runs(args.out)
@@ -114,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{LABELS.get(arm, arm):<20}{lr:>8}{len(per_step[checkpoints[0]]):>6}" + "".join(f"{c:>18}" for c in cells))
         summary[arm] = {"lr": lr, "test_em": {str(step): per_step[step] for step in checkpoints}}
     (args.out / "distill_compare.json").write_text(json.dumps(summary, indent=1))
-    print(f"(± is the standard deviation over seeds; plot: {plot(table, checkpoints, args.out)})")
+    teacher_em = json.loads(args.teacher_eval.read_text())["overall"]["em"] if args.teacher_eval else None
+    if teacher_em is not None:
+        print(f"{'teacher':<20}{'':>8}{'':>6}{teacher_em:>18.3f}  (held-out EM, greedy)")
+    print(f"(± is the standard deviation over seeds; plot: {plot(table, checkpoints, args.out, teacher_em)})")
     return 0
 
 
