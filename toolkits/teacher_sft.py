@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -135,10 +136,7 @@ def run(args: argparse.Namespace) -> dict:
                            max_obs_tokens=args.max_obs_tokens, max_passage_tokens=args.max_passage_tokens,
                            topk=args.topk, max_prompt_tokens=args.max_prompt_tokens,
                            sampling=SamplingParams(temperature=args.temperature))
-    eval_loop = AgentLoopConfig(max_turns=args.max_turns, max_tokens_per_turn=args.max_new_tokens,
-                                max_obs_tokens=args.max_obs_tokens, max_passage_tokens=args.max_passage_tokens,
-                                topk=args.topk, max_prompt_tokens=args.max_prompt_tokens,
-                                sampling=SamplingParams(greedy=True))
+    eval_loop = dataclasses.replace(loop, sampling=SamplingParams(greedy=True))
     questions = [r for r in teacher_questions(records, plan, args.seed) for _ in range(plan.samples_per_prompt)]
     started = time.monotonic()
     trajectories: list[Trajectory] = asyncio.run(rollouts(str(args.teacher), questions, tool_config, loop,
