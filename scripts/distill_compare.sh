@@ -15,6 +15,11 @@
 #   bash scripts/distill_compare.sh                       # runs scripts/demo.sh first when DEMO_OUT has no model
 #   DISTILL_ARMS="grpo grpo_topk" DISTILL_LRS=1e-4 DISTILL_SEEDS=0 DISTILL_RL_STEPS=2 bash scripts/distill_compare.sh
 # With the defaults: 5 arms x 3 lrs + 5 arms x 2 seeds = 25 runs of 30 steps, each with 3 evaluations.
+# DISTILL_START=no_search starts every arm from the student that cannot search instead (built once under
+# DISTILL_OUT/student the way scripts/distill_demo.sh builds it: corpus, comprehension, then the format only;
+# greedy, it never searches, so GRPO alone has nothing to reinforce): the comparison of docs/results.md, part 2:
+#   DISTILL_START=no_search DISTILL_ARMS="grpo_topk sft_teacher" DISTILL_LRS=3e-3 DISTILL_SEEDS="0 1" \
+#     DISTILL_RL_STEPS=100 DISTILL_EVAL_EVERY=50 DISTILL_OUT=outputs/distill_no_search bash scripts/distill_compare.sh
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
@@ -29,7 +34,12 @@ COEF="${DISTILL_COEF:-1.0}"
 TOP_K="${DISTILL_TOP_K:-8}"
 EVAL_N="${DISTILL_EVAL_N:-300}"
 TOPK=1  # passages per search, as in scripts/demo.sh
-STUDENT="$DEMO/model/sft"
+START="${DISTILL_START:-warm}"
+case "$START" in
+    warm) STUDENT="$DEMO/model/sft" ;;  # the demo's warm start: GRPO alone learns from here
+    no_search) STUDENT="$OUT/student" ;;
+    *) echo "distill_compare: unknown DISTILL_START $START (warm, no_search)" >&2; exit 2 ;;
+esac
 # The demo's trained model by default. It is the demo's own GRPO run on the demo's seed: an arm on that seed
 # that trains like it converges onto it (the pilot's GRPO arm ended at reverse KL 0.007). Name a stronger
 # teacher (DISTILL_TEACHER: a longer run, another seed, a larger model) for a comparison that means something.
@@ -43,7 +53,7 @@ export HF_HUB_DISABLE_PROGRESS_BARS="${HF_HUB_DISABLE_PROGRESS_BARS:-1}"
 step() { printf '\n== %s\n' "$*"; }
 mkdir -p "$OUT/runs"
 
-if [ ! -d "$TEACHER" ] || [ ! -d "$STUDENT" ]; then
+if [ ! -d "$TEACHER" ] || [ ! -d "$DEMO/model/sft" ]; then
     step "0/4 no demo at $DEMO: running the demo first (about 15 minutes)"
     DEMO_OUT="$DEMO" bash scripts/demo.sh
 fi
@@ -51,6 +61,16 @@ fi
 step "1/4 retrieval and teacher servers on free loopback ports"
 source "$ROOT/scripts/distill_servers.sh"
 start_distill_servers "$DEMO" "$OUT" "$TEACHER"
+if [ "$START" = no_search ] && [ ! -f "$STUDENT/done" ]; then
+    step "1b/4 the student that cannot search: the demo's untrained model, 300 steps on the corpus, 150 on answers, 100 on the format"
+    rm -rf "$STUDENT"
+    "$PY" -m toolkits.sft_warmstart --model "$DEMO/model/base" --data "$DEMO/data/train.prepared.jsonl" \
+        --server-addr "$ADDR" --out "$STUDENT" --corpus-steps 300 --comprehension-steps 150 --reading-steps 0 \
+        --skill-steps 0 --mix-steps 100 --topk "$TOPK" --lr 3e-3 --seed 0
+    "$PY" -m rlinf_search.runners.eval_runner --model "$STUDENT" --data "$DEMO/data/test.prepared.jsonl" \
+        --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$STUDENT/eval" | tail -n 1
+    touch "$STUDENT/done"
+fi
 echo "retrieval at $ADDR, teacher at $TEACHER_ADDR ($TEACHER), student $STUDENT"
 
 arm_overrides() {  # the algorithm.distill keys of one arm
