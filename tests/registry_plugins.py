@@ -71,3 +71,9 @@ def recording_hf_engine(config, *, device=None, seed=0):
 
 
 NOT_CALLABLE = 3
+
+
+def word_parity(solution_str, golden_answers, **kwargs) -> float:
+    """A reward a random model earns half the time: 1 for an odd number of words (GRPO groups then disagree
+    and the update moves the policy, which EM alone rarely makes a random model do)."""
+    return float(len(solution_str.split()) % 2)

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from rlinf_search.config import ConfigError, register_resolvers, validate_cfg
 from rlinf_search.distill.scorer import TeacherDown, TeacherVocabularyMismatch
-from rlinf_search.runners.train_main import train
+from rlinf_search.runners.train_main import RunStopped, train
 from rlinf_search.scheduler.cluster import ClusterError
 from rlinf_search.workers.actor.backends import BackendUnavailable
 
@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> None:
     except (BackendUnavailable, ClusterError) as exc:  # the config is sound; this machine cannot run it
         print(f"cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
-    except TeacherDown as exc:  # the last checkpoint stands; resume once the teacher is back
+    except (TeacherDown, RunStopped) as exc:  # the last checkpoint stands; resume once the cause is gone
         print(f"stopped: {exc}", file=sys.stderr)
         sys.exit(1)
 

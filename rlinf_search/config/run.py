@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_search.config.distill import distill_config
+from rlinf_search.config.pipeline import resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_registered
 from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys
@@ -83,6 +84,9 @@ class RunnerConfig:
     rollout_dump: int = 0
     """Trajectories of each step written to ``output_dir/rollouts/step_K.jsonl`` (and, when > 0, every
     validation trajectory to ``val_step_K.jsonl``); 0: none."""
+    pipeline: str = "sync"
+    """How a step overlaps rollout and training (``config.pipeline``): ``sync``, ``overlap`` or ``stream``;
+    unset, ``overlap`` on a disaggregated placement, else ``sync``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,6 +299,10 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     # The InferenceGroup's policy copy (recomputed old log-probs on devices of its own) loads the compute dtype.
     receivers = [rollout.dtype] + ([actor.dtype] if "inference" in logprobs.weight_receivers else [])
     actor = replace(actor, sync_dtype=sync_dtype(receivers))
+    critic = critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"])
+    runner = replace(runner, pipeline=resolve_pipeline(
+        get(raw, "runner.pipeline"), placement=placement, plan=logprobs, adv_type=adv_type,
+        ppo_epochs=actor.ppo_epochs, n_minibatches=actor.n_minibatches, batch=batch, critic=critic is not None))
     return RunConfig(
         cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
         agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths,
@@ -305,5 +313,5 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),
         gamma=get_float(raw, "algorithm.gamma", RunConfig.gamma), lam=get_float(raw, "algorithm.lam", RunConfig.lam),
-        critic=critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"]),
+        critic=critic,
         distill=distill_config(raw, temperature=sampling.temperature), settings=raw)

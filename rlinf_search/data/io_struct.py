@@ -133,6 +133,18 @@ class Trajectory:
     """Wall time of the whole rollout."""
 
 
+@dataclass
+class FinishedGroup:
+    """A GRPO group as a rollout rank hands it on in a streamed step (``runner.pipeline: stream``)."""
+
+    index: int
+    """The group's place in the step's prompts (prompt ``index``); the driver restores the step's order by it."""
+    rank: int
+    """The rollout rank that generated it."""
+    trajectories: list[Trajectory]
+    """The prompt's ``group_size`` samples, in sample order."""
+
+
 @dataclass(frozen=True)
 class RewardScore:
     """What the RewardGroup returns for one trajectory."""

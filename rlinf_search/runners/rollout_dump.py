@@ -71,8 +71,7 @@ def write_dump(output_dir: str | Path, name: str, rows: list[DumpedTrajectory]) 
     path = folder / f"{name}.jsonl"
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row.__dict__, ensure_ascii=False) + "\n")
+        handle.writelines(json.dumps(row.__dict__, ensure_ascii=False) + "\n" for row in rows)
     tmp.replace(path)
     return path
 
@@ -88,3 +87,12 @@ def append_batch_audit(log_path: str | Path, step: int, records: list[QARecord],
     row = {"step": step, "uids": [r.uid for r in records], "responses": digests}
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(row) + "\n")
+
+
+def append_minibatch_audit(log_path: str | Path, step: int, minibatches: list[list[int]]) -> None:
+    """A streamed step's mini-batches (the prompt indices of each, in training order) to ``minibatches.jsonl``:
+    which groups trained together, and that each was trained once."""
+    path = Path(log_path) / "minibatches.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"step": step, "minibatches": minibatches}) + "\n")

@@ -16,7 +16,7 @@ from rlinf_search.runners.group_calls import Groups
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import find_resume_point
 from rlinf_search.runners.train_runner import SearchR1Runner
-from rlinf_search.scheduler import Cluster
+from rlinf_search.scheduler import Cluster, WorkerError
 from rlinf_search.workers.actor.backends import require_training_backend
 from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.worker import CriticWorker
@@ -70,6 +70,10 @@ def save_settings(config: RunConfig) -> Path:
     return path
 
 
+class RunStopped(RuntimeError):
+    """A worker's process was lost mid-run: the run stops; its last checkpoint stands."""
+
+
 def train(config: RunConfig) -> None:
     resume = find_resume_point(config.runner)
     prompts = read_prompts(config)
@@ -80,5 +84,12 @@ def train(config: RunConfig) -> None:
         if resume:
             # The engine (and the InferenceGroup's policy copy) start from the checkpoint's weights.
             runner.weight_sync.sync(version=runner.state.global_step)
-        runner.fit()
+        try:
+            runner.fit()
+        except WorkerError as exc:
+            if not exc.process_lost:
+                raise  # a bug in a method: its traceback is what a person needs
+            raise RunStopped(f"{exc.group} rank {exc.rank} was lost during {exc.method}() ({exc.cause_type}) in step "
+                             f"{runner.state.global_step + 1}; that step was not kept. Resume from the last checkpoint "
+                             "with runner.resume_dir=auto") from None
         runner.weight_sync.close()

@@ -34,6 +34,7 @@ from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import restore_run, save_run
 from rlinf_search.runners.rollout_dump import (
     append_batch_audit,
+    append_minibatch_audit,
     dump_row,
     spread,
     write_dump,
@@ -43,7 +44,8 @@ from rlinf_search.runners.step_metrics import (
     step_metrics,
     validation_metrics,
 )
-from rlinf_search.scheduler import WeightSync, wait_all
+from rlinf_search.runners.stream_step import StreamedStep
+from rlinf_search.scheduler import Channel, WeightSync, wait_all
 from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
@@ -90,7 +92,7 @@ class SearchR1Runner:
         # planned from the prompt count before the drop.
         self.total_steps = min(config.total_steps, config.runner.max_epochs * self.stream.batches_per_epoch)
         self.state = RunnerState()
-        self.pipelined = config.placement.mode == "disaggregated"
+        self.pipelined = config.runner.pipeline == "overlap"  # the next step's rollout runs ahead
         self._prefetched: PendingRollout | None = None
         self._unsynced_version: int | None = None
         if resumed_from is not None:
@@ -105,8 +107,11 @@ class SearchR1Runner:
         self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers])
         # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
         shared = set(groups.rollout.placement.devices) & set(groups.actor.placement.devices)
-        self._offload_engine = bool(shared) and not self.pipelined
+        self._offload_engine = bool(shared) and config.runner.pipeline == "sync"
         self.teacher = open_teacher(config.distill, student_model=config.rollout.model_path) if config.distill else None
+        self.streamed = None
+        if config.runner.pipeline == "stream":
+            self.streamed = StreamedStep(self, Channel.create("finished_groups"))
 
     def _resume(self, folder: Path) -> None:
         self.state, pending = restore_run(folder, self.groups, pipelined=self.pipelined)
@@ -209,6 +214,8 @@ class SearchR1Runner:
         return PendingRollout(records, calls=launch_rollout(self.groups.rollout, records, self.config.group_size))
 
     def train_step(self, *, prefetch: bool = False) -> dict[str, float]:
+        if self.streamed is not None:
+            return self._streamed_train_step()
         timer = StepTimer()
         records, trajectories = self._next_rollout(timer, prefetch=prefetch)
         # The teacher scores the trajectories while rewards and log-probs are computed.
@@ -238,6 +245,29 @@ class SearchR1Runner:
         if self.groups.critic is not None:
             metrics.update(batch_value_metrics(batch))
         metrics.update(distill_metrics)
+        if self.groups.search is not None:
+            metrics.update(search_group_metrics(self.groups.search))
+        return metrics
+
+    def _streamed_train_step(self) -> dict[str, float]:
+        """``runner.pipeline: stream``: rollout, scoring and mini-batch updates overlap within the step
+        (``stream_step``); the weights go out once every mini-batch is trained."""
+        timer = StepTimer()
+        records = self.stream.next_batch()
+        self._trained_position = (self.stream.epoch, self.stream.batch_in_epoch)
+        step = self.state.global_step + 1
+        with timer.phase("stream"):  # rollout, with scoring and training of the groups that finished first
+            done = self.streamed.run(records, step)
+        with timer.phase("weight_sync"):
+            self.weight_sync.sync(version=step)
+        append_batch_audit(self.config.runner.log_path, step, records, done.trajectories)
+        append_minibatch_audit(self.config.runner.log_path, step, done.minibatches)
+        self._dump(f"step_{step}", records, done.trajectories, done.scores,
+                   keep=spread(len(done.trajectories), self.config.runner.rollout_dump))
+        metrics = step_metrics(done.trajectories, done.scores, done.actor_metrics, timer)
+        metrics.update({f"stream/{name}_s": value for name, value in done.seconds.items()})
+        metrics["stream/minibatches"] = float(len(done.minibatches))
+        metrics.update(done.distill_metrics)
         if self.groups.search is not None:
             metrics.update(search_group_metrics(self.groups.search))
         return metrics
@@ -299,4 +329,6 @@ class SearchR1Runner:
         self.logger.close()
         if self.teacher is not None:
             self.teacher.close()
+        if self.streamed is not None:
+            self.streamed.channel.close()
 

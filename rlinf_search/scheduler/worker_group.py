@@ -44,6 +44,12 @@ class WorkerError(RuntimeError):
         self.remote_traceback = remote_traceback
         """Traceback from the rank's process, when it raised."""
 
+    @property
+    def process_lost(self) -> bool:
+        """The rank's process died or could not be reached (no exception of its own to show): a machine or
+        process failure, not a bug in the method."""
+        return not self.remote_traceback
+
 
 class GroupCall:
     """Results of one method call on some ranks: ``wait(timeout)`` blocks, ``await`` does not."""
@@ -60,6 +66,13 @@ class GroupCall:
         """Results in rank order (one value for a single-rank call). Raises the first ``WorkerError``
         as soon as any rank fails, and ``TimeoutError`` naming unfinished ranks after ``timeout`` s."""
         return wait_all([self], timeout)[0]
+
+    def raise_if_failed(self) -> None:
+        """Raise the ``WorkerError`` of a rank that has already failed or died; return at once otherwise (a
+        driver waiting on something else, such as a channel these ranks feed, polls this)."""
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        for ref in ready:
+            self._get(ref, self.ranks[self._refs.index(ref)])
 
     def __await__(self):
         return self._gather().__await__()

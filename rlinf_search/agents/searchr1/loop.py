@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from rlinf_search.agents.searchr1.protocol import (
@@ -33,6 +34,9 @@ from rlinf_search.workers.rollout.base import GenerationEngine
 from rlinf_search.workers.rollout.sampling import derive_seed
 
 _INFORMATION_TAIL = "</information>\n\n"
+
+GroupCallback = Callable[[int, list[Trajectory]], Awaitable[None]]
+"""``on_group(i, trajectories)``: the samples of the batch's record i, all finished."""
 
 
 @dataclass(frozen=True)
@@ -128,20 +132,29 @@ class SearchR1AgentLoop:
         return self.prompts.limited_ids(record)
 
     async def run_batch(self, records: list[QARecord], samples_per_prompt: int = 1, *,
-                        seed: int | None = None) -> list[Trajectory]:
+                        seed: int | None = None, on_group: GroupCallback | None = None) -> list[Trajectory]:
         """Roll out every record ``samples_per_prompt`` times, all concurrently; results in input order.
 
         ``seed``: every turn of trajectory i samples with its own seed, derived from (seed, i, turn),
         so the batch replays token for token however the engine happens to batch the requests.
+        ``on_group(i, trajectories)`` is awaited as soon as all samples of ``records[i]`` are done (a streamed
+        step hands each finished GRPO group on while the rest still run); the seeds do not depend on it.
         """
         limit = asyncio.Semaphore(self.config.max_concurrent_trajectories)
-        jobs = [r for r in records for _ in range(samples_per_prompt)]
 
         async def bounded(index: int, record: QARecord) -> Trajectory:
             async with limit:
                 return await self.run(record, seed=None if seed is None else derive_seed(seed, index))
 
-        return list(await asyncio.gather(*(bounded(i, r) for i, r in enumerate(jobs))))
+        async def group(i: int) -> list[Trajectory]:
+            first = i * samples_per_prompt
+            done = list(await asyncio.gather(*(bounded(first + j, records[i]) for j in range(samples_per_prompt))))
+            if on_group is not None:
+                await on_group(i, done)
+            return done
+
+        groups = await asyncio.gather(*(group(i) for i in range(len(records))))
+        return [traj for done in groups for traj in done]
 
     async def run(self, record: QARecord, *, seed: int | None = None) -> Trajectory:
         """One rollout of one prompt, at its own pace (``seed``: its turns' seeds derive from it)."""

@@ -142,13 +142,22 @@ class PolicyTrainer:
     # ---- training ---------------------------------------------------------------------------
     def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO epochs over ``batch`` (the whole batch; advantages and old log-probs set); mean metrics."""
-        if batch.advantages is None or batch.old_logprobs is None:
-            raise ValueError("train_on_batch needs batch.advantages and batch.old_logprobs")
-        if self.config.loss.kl_beta > 0 and batch.ref_logprobs is None:
-            raise ValueError("kl_beta > 0 needs batch.ref_logprobs")
+        self._check_ready(batch)
         return run_minibatches(len(batch), lambda rows: self._optimizer_step(batch, rows),
                                epochs=self.config.ppo_epochs, n_minibatches=self.config.n_minibatches,
                                rng=self._rng if self.config.shuffle_rollout else None)
+
+    def train_on_minibatch(self, batch: RolloutBatch) -> dict[str, float]:
+        """One optimizer step on all of ``batch``: a mini-batch a streamed step assembled from the groups that
+        arrived first (``runner.pipeline: stream``; one PPO epoch). Every rank takes its share of the rows."""
+        self._check_ready(batch)
+        return self._optimizer_step(batch, list(range(len(batch))))
+
+    def _check_ready(self, batch: RolloutBatch) -> None:
+        if batch.advantages is None or batch.old_logprobs is None:
+            raise ValueError("training needs batch.advantages and batch.old_logprobs")
+        if self.config.loss.kl_beta > 0 and batch.ref_logprobs is None:
+            raise ValueError("kl_beta > 0 needs batch.ref_logprobs")
 
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
         work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,

@@ -89,6 +89,13 @@ class ActorWorker(Worker):
         self.offloader.offload()  # a weight sync or checkpoint brings back what it reads
         return metrics
 
+    def train_minibatch(self, batch: RolloutBatch) -> dict[str, float]:
+        """One optimizer step on ``batch`` (a streamed step's mini-batch); the engine stays where it is."""
+        self.offloader.onload()
+        metrics = self.trainer.train_on_minibatch(batch)
+        self.offloader.offload()
+        return metrics
+
     def weights_need_every_rank(self) -> bool:
         return self.trainer.gathers_weights_collectively
 

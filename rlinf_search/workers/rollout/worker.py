@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
-from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig, GroupCallback, SearchR1AgentLoop
+from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
 from rlinf_search.scheduler import Worker
+from rlinf_search.scheduler.channel import Channel
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.base import build_engine
 from rlinf_search.workers.rollout.config import RolloutConfig
@@ -44,6 +45,21 @@ class RolloutWorker(Worker):
 
     def rollout(self, records: list[QARecord], samples_per_prompt: int, greedy: bool = False) -> list[Trajectory]:
         """Roll out ``records`` (``samples_per_prompt`` each) with a fresh search client for this call."""
+        return self._rollout(records, samples_per_prompt, greedy=greedy)
+
+    def stream_rollout(self, records: list[QARecord], samples_per_prompt: int, channel: Channel, key: str,
+                       first_group: int) -> int:
+        """``rollout``, putting each finished group on ``channel`` under ``key`` as a ``FinishedGroup`` (its
+        index in the step is ``first_group`` + its place in ``records``) the moment its last sample is done.
+        Seeds and tokens are those ``rollout`` would give. Returns the number of groups put."""
+        async def hand_on(i: int, trajectories: list[Trajectory]) -> None:
+            await channel.aput(FinishedGroup(index=first_group + i, rank=self.rank, trajectories=trajectories), key)
+
+        self._rollout(records, samples_per_prompt, greedy=False, on_group=hand_on)
+        return len(records)
+
+    def _rollout(self, records: list[QARecord], samples_per_prompt: int, *, greedy: bool,
+                 on_group: GroupCallback | None = None) -> list[Trajectory]:
         loop_config = self.agent_loop
         if greedy:
             loop_config = replace(loop_config, sampling=replace(loop_config.sampling, greedy=True))
@@ -55,7 +71,7 @@ class RolloutWorker(Worker):
             tool = self._search_tool()
             try:
                 loop = SearchR1AgentLoop(self.engine, tool, self.engine.tokenizer, loop_config)
-                return await loop.run_batch(records, samples_per_prompt, seed=seed)
+                return await loop.run_batch(records, samples_per_prompt, seed=seed, on_group=on_group)
             finally:
                 await tool.aclose()
 

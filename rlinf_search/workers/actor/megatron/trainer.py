@@ -144,6 +144,11 @@ class MegatronPolicyTrainer(PolicyTrainer):
         self._refresh_hf_state()
         return metrics
 
+    def train_on_minibatch(self, batch: RolloutBatch) -> dict[str, float]:
+        metrics = super().train_on_minibatch(batch)
+        self._refresh_hf_state()
+        return metrics
+
     # ---- weights out ---------------------------------------------------------------------------
     def _refresh_hf_state(self) -> None:
         """Gather the updated shards in HF names on the data-parallel-rank-0 group (a collective there)."""

@@ -1,0 +1,135 @@
+"""The streamed step (``runner.pipeline: stream``) through real worker groups on CPU: 2 rollout ranks with
+uneven shares put finished groups on a real channel, 2 reward ranks score them, a 2-rank actor trains each
+mini-batch as it fills; every trajectory is trained on exactly once, and a killed rollout rank stops the run
+in one line, which then resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rlinf_search.config import ConfigError, validate_cfg
+from tests.test_train_runner import ROOT, _batches, _command, _config, _metrics, _run, server, synth  # noqa: F401
+
+BATCH, GROUP, MINIBATCHES = 5, 2, 5  # rollout shares 3 and 2; a mini-batch is one group
+
+
+def _stream_config(where: Path, synth, server, tiny_model_dir, **changes):
+    cfg = _config(where, synth, server, tiny_model_dir, **{
+        "runner.pipeline": "stream", "algorithm.recompute_logprobs": False, "data.rollout_batch_size": BATCH,
+        "algorithm.group_size": GROUP, "algorithm.n_minibatches": MINIBATCHES, "runner.max_steps": 2,
+        "runner.val_check_interval": 0, **changes})
+    cfg.cluster.cpu_slots_per_node = 2  # actor, rollout and reward: 2 ranks each
+    return cfg
+
+
+def _minibatches(run_dir: Path) -> dict[int, list[list[int]]]:
+    rows = [json.loads(line) for line in (run_dir / "logs" / "minibatches.jsonl").read_text().splitlines()]
+    return {row["step"]: row["minibatches"] for row in rows}  # a resumed step's row replaces the killed one's
+
+
+def test_every_group_is_trained_once_as_it_arrives(tmp_path, synth, server, tiny_model_dir):
+    # A reward the random model earns about half the time, so groups disagree and every update moves it.
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{"reward.score": "tests.registry_plugins.word_parity"})
+    run = validate_cfg(cfg)
+    assert run.runner.pipeline == "stream" and run.placement["rollout"].world_size == 2
+    result = _run(cfg, tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[1]["actor/kl"] > 0, "step 1's mini-batch updates moved the policy away from the reference"
+    for row in rows:
+        assert row["actor/grad_norm"] > 0 and 0 < row["reward/mean"] < 1
+        assert row["stream/minibatches"] == MINIBATCHES and row["rollout/trajectories"] == BATCH * GROUP
+        # The first optimizer step is handed to the actor while later groups are still being generated.
+        assert row["stream/first_update_s"] < row["stream/last_group_s"]
+        for key in ("actor/grad_norm", "actor/kl", "reward/mean", "time/stream_s", "time/weight_sync_s"):
+            assert key in row, key
+    minibatches = _minibatches(tmp_path / "run")
+    batches = _batches(tmp_path / "run")
+    for step in (1, 2):
+        trained = [g for mb in minibatches[step] for g in mb]
+        assert sorted(trained) == list(range(BATCH)), f"step {step}: every group once, none twice: {trained}"
+        assert len(batches[step]["responses"]) == BATCH * GROUP
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"algorithm.recompute_logprobs": True}, "old log-probs that stay put"),
+    ({"algorithm.adv_type": "reinforce_plus_plus"}, "group-local estimator"),
+    ({"algorithm.ppo_epochs": 2}, "ppo_epochs must be 1"),
+    ({"algorithm.n_minibatches": 2}, "must divide into algorithm.n_minibatches"),
+    ({"runner.pipeline": "overlap"}, "placement mode disaggregated"),
+    ({"runner.pipeline": "streaming"}, "unknown 'streaming'"),
+])
+def test_a_pipeline_the_run_cannot_have_is_refused_at_start_up(tmp_path, synth, server, tiny_model_dir, changes,
+                                                                  message):
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **changes)
+    with pytest.raises(ConfigError, match=message) as caught:
+        validate_cfg(cfg)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_placement_decides_when_pipeline_is_unset(tmp_path, synth, server, tiny_model_dir):
+    cfg = _config(tmp_path, synth, server, tiny_model_dir)
+    assert validate_cfg(cfg).runner.pipeline == "sync"
+    cfg.cluster.cpu_slots_per_node = 3
+    cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "2"}
+    assert validate_cfg(cfg).runner.pipeline == "overlap"
+
+
+# A sync run and two streamed runs (one killed): about four minutes on 2 cores, in the heavy lane.
+@pytest.mark.heavy
+def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp_path, synth, server,
+                                                                            tiny_model_dir):
+    """Step 1 of a streamed run samples the very tokens a sync run samples (same weights, same seeds: only
+    the order of training differs). A rollout rank killed mid-step stops the run with one line naming the
+    rank; the same command resumes from the last checkpoint, and every step is trained once."""
+    sync = _stream_config(tmp_path / "sync", synth, server, tiny_model_dir, **{"runner.pipeline": "sync"})
+    assert _run(sync, tmp_path / "sync").returncode == 0
+    full = _stream_config(tmp_path / "full", synth, server, tiny_model_dir, **{"runner.max_steps": 3})
+    assert _run(full, tmp_path / "full").returncode == 0
+    assert _batches(tmp_path / "full" / "run")[1] == _batches(tmp_path / "sync" / "run")[1]
+
+    cut = _stream_config(tmp_path / "cut", synth, server, tiny_model_dir, **{"runner.max_steps": 3,
+                                                                            "runner.resume_dir": "auto"})
+    process = subprocess.Popen(_command(cut, tmp_path / "cut"), cwd=ROOT, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    mark = tmp_path / "cut" / "run" / "checkpoints" / "global_step_1" / "COMPLETE"
+    deadline = time.monotonic() + 600
+    while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), "the run should reach its step-1 checkpoint"
+    victim = _rollout_rank_pid(session=process.pid)
+    os.kill(victim, signal.SIGKILL)  # one agent-loop process, mid step 2
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode != 0
+    last = stderr.strip().splitlines()[-1]
+    assert "RunStopped: RolloutGroup rank" in last and "stream_rollout()" in last and "in step 2" in last, last
+    assert [r["step"] for r in _metrics(tmp_path / "cut" / "run")] == [1], "step 2 never logged half-trained"
+
+    result = _run(cut, tmp_path / "cut")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in _metrics(tmp_path / "cut" / "run")] == [1, 2, 3]
+    cut_batches, full_batches = _batches(tmp_path / "cut" / "run"), _batches(tmp_path / "full" / "run")
+    for step in (2, 3):
+        assert cut_batches[step]["uids"] == full_batches[step]["uids"], f"step {step}: the same prompts"
+        assert sorted(g for mb in _minibatches(tmp_path / "cut" / "run")[step] for g in mb) == list(range(BATCH))
+
+
+def _rollout_rank_pid(session: int) -> int:
+    """The pid of a rollout rank of the run whose driver leads ``session`` (Ray's processes stay in the
+    driver's session; Ray names actor processes ``ray::<Class>...``). Other runs on the machine are left be."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-s", str(session), "-f", "ray::RolloutWorker"], capture_output=True,
+                               text=True).stdout.split()
+        if found:
+            return int(found[0])
+        time.sleep(0.1)
+    raise AssertionError("no rollout rank process found")
