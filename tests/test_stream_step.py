@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from rlinf_search.config import ConfigError, validate_cfg
-from tests.test_train_runner import ROOT, _batches, _command, _config, _metrics, _run, server, synth  # noqa: F401
+from tests.test_train_runner import ROOT, _batches, _command, _config, _metrics, _run, server, synth  # noqa: F401 (fixtures)
 
 BATCH, GROUP, MINIBATCHES = 5, 2, 5  # rollout shares 3 and 2; a mini-batch is one group
 
 
-def _stream_config(where: Path, synth, server, tiny_model_dir, **changes):
+def _stream_config(where: Path, synth, server, tiny_model_dir, **changes):  # noqa: F811
     cfg = _config(where, synth, server, tiny_model_dir, **{
         "runner.pipeline": "stream", "algorithm.recompute_logprobs": False, "data.rollout_batch_size": BATCH,
         "algorithm.group_size": GROUP, "algorithm.n_minibatches": MINIBATCHES, "runner.max_steps": 2,
@@ -34,9 +34,10 @@ def _minibatches(run_dir: Path) -> dict[int, list[list[int]]]:
     return {row["step"]: row["minibatches"] for row in rows}  # a resumed step's row replaces the killed one's
 
 
-def test_every_group_is_trained_once_as_it_arrives(tmp_path, synth, server, tiny_model_dir):
+def test_every_group_is_trained_once_as_it_arrives(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
     # A reward the random model earns about half the time, so groups disagree and every update moves it.
-    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{"reward.score": "tests.registry_plugins.word_parity"})
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir,
+                         **{"reward.score": "tests.registry_plugins.word_parity"})
     run = validate_cfg(cfg)
     assert run.runner.pipeline == "stream" and run.placement["rollout"].world_size == 2
     result = _run(cfg, tmp_path, env={"PYTHONPATH": str(ROOT)})
@@ -67,7 +68,7 @@ def test_every_group_is_trained_once_as_it_arrives(tmp_path, synth, server, tiny
     ({"runner.pipeline": "overlap"}, "placement mode disaggregated"),
     ({"runner.pipeline": "streaming"}, "unknown 'streaming'"),
 ])
-def test_a_pipeline_the_run_cannot_have_is_refused_at_start_up(tmp_path, synth, server, tiny_model_dir, changes,
+def test_a_pipeline_the_run_cannot_have_is_refused_at_start_up(tmp_path, synth, server, tiny_model_dir, changes,  # noqa: F811
                                                                   message):
     cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **changes)
     with pytest.raises(ConfigError, match=message) as caught:
@@ -75,7 +76,7 @@ def test_a_pipeline_the_run_cannot_have_is_refused_at_start_up(tmp_path, synth, 
     assert "\n" not in str(caught.value)
 
 
-def test_the_placement_decides_when_pipeline_is_unset(tmp_path, synth, server, tiny_model_dir):
+def test_the_placement_decides_when_pipeline_is_unset(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
     cfg = _config(tmp_path, synth, server, tiny_model_dir)
     assert validate_cfg(cfg).runner.pipeline == "sync"
     cfg.cluster.cpu_slots_per_node = 3
@@ -85,7 +86,7 @@ def test_the_placement_decides_when_pipeline_is_unset(tmp_path, synth, server, t
 
 # A sync run and two streamed runs (one killed): about four minutes on 2 cores, in the heavy lane.
 @pytest.mark.heavy
-def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp_path, synth, server,
+def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp_path, synth, server,  # noqa: F811
                                                                             tiny_model_dir):
     """Step 1 of a streamed run samples the very tokens a sync run samples (same weights, same seeds: only
     the order of training differs). A rollout rank killed mid-step stops the run with one line naming the
@@ -128,7 +129,7 @@ def _rollout_rank_pid(session: int) -> int:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         found = subprocess.run(["pgrep", "-s", str(session), "-f", "ray::RolloutWorker"], capture_output=True,
-                               text=True).stdout.split()
+                               text=True, check=False).stdout.split()  # pgrep exits 1 while there is none
         if found:
             return int(found[0])
         time.sleep(0.1)
