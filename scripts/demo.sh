@@ -3,6 +3,7 @@
 # search a fictional knowledge base with GRPO. Every step is a command a user can run on their own.
 #   bash scripts/demo.sh                 # outputs in outputs/demo (DEMO_OUT to change)
 #   DEMO_RL_STEPS=10 bash scripts/demo.sh
+#   DEMO_PIPELINE=stream bash scripts/demo.sh   # the streamed step (runner.pipeline: stream)
 # Ends with one line: held-out EM: warm-start A -> after RL B
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
@@ -15,6 +16,14 @@ SKILL_STEPS="${DEMO_SKILL_STEPS:-1000}"  # then good searches only, until the pr
 MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all
 EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
 SEED="${DEMO_SEED:-0}"
+# sync (the default): each RL step rolls out, then trains. stream: the actor trains each mini-batch of finished
+# groups while the rest are still generated (runner.pipeline; old log-probs are then the engine's).
+PIPELINE="${DEMO_PIPELINE:-sync}"
+case "$PIPELINE" in
+    sync) PIPELINE_ARGS=() ;;
+    stream) PIPELINE_ARGS=(runner.pipeline=stream algorithm.recompute_logprobs=false) ;;
+    *) echo "demo: DEMO_PIPELINE must be sync or stream, got $PIPELINE" >&2; exit 2 ;;
+esac
 # One passage per search (Search-R1 uses 3): a correct query finds its person first in every case here, and the
 # shorter context makes every warm-start and RL step about twice as fast on a CPU (docs/results.md).
 TOPK=1
@@ -68,12 +77,12 @@ timed eval_before "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/
     --data "$OUT/data/test.prepared.jsonl" --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 \
     --max-samples "$EVAL_N" --out "$OUT/eval/warm_start"
 
-step "7/8 GRPO through the worker groups on a local Ray cluster ($RL_STEPS steps)"
+step "7/8 GRPO through the worker groups on a local Ray cluster ($RL_STEPS steps, $PIPELINE)"
 rm -rf "$OUT/rl"
 timed grpo "$PY" examples/searchr1/main_searchr1.py runner.output_dir="$OUT/rl" runner.max_steps="$RL_STEPS" \
     runner.resume_dir=null rollout.model.model_path="$OUT/model/sft" tools.search.server_addr="$ADDR" \
     tools.search.topk="$TOPK" data.seed="$SEED" data.train_data_paths="[$OUT/data/train.prepared.jsonl]" \
-    data.val_data_paths="[$OUT/data/val.prepared.jsonl]"
+    data.val_data_paths="[$OUT/data/val.prepared.jsonl]" ${PIPELINE_ARGS[@]+"${PIPELINE_ARGS[@]}"}
 
 step "8/8 held-out test EM after RL, curves and summary"
 FINAL="$OUT/rl/checkpoints/global_step_$RL_STEPS/hf_model"
