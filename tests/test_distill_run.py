@@ -27,11 +27,14 @@ def _distill_config(tmp_path, synth, server, tiny_model_dir, base_url: str, **ch
     return cfg
 
 
+# The streamed step asks the teacher a mini-batch of groups at a time (heavy: another minute on 2 cores).
+@pytest.mark.parametrize("pipeline", ["sync", pytest.param("stream", marks=pytest.mark.heavy)])
 def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_path, synth, server,  # noqa: F811
-                                                                            tiny_model_dir):
+                                                                            tiny_model_dir, pipeline):
     teacher, address = start_teacher(tiny_model_dir, tmp_path)
     try:
-        cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, f"http://{address}/v1")
+        cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, f"http://{address}/v1",
+                              **{"runner.pipeline": pipeline, "algorithm.recompute_logprobs": pipeline == "sync"})
         OmegaConf.update(cfg, "algorithm.distill.top_k", 5)  # and the teacher's top 5 as a dense target
         assert validate_cfg(cfg).distill.temperature == 1.0
         result = _run(cfg, tmp_path)

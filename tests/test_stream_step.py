@@ -134,3 +134,13 @@ def _rollout_rank_pid(session: int) -> int:
             return int(found[0])
         time.sleep(0.1)
     raise AssertionError("no rollout rank process found")
+
+
+def test_a_streamed_steps_teacher_metrics_add_counts_and_average_the_rest():
+    from rlinf_search.distill.scorer import TeacherScorer
+
+    merged = TeacherScorer.merge_metrics([
+        {"distill/reverse_kl": 0.2, "distill/failed_trajectories": 1.0, "distill/unaligned_tokens": 3.0},
+        {"distill/reverse_kl": 0.4, "distill/failed_trajectories": 2.0, "distill/unaligned_tokens": 0.0}])
+    assert merged == pytest.approx({"distill/reverse_kl": 0.3, "distill/failed_trajectories": 3.0,
+                                    "distill/unaligned_tokens": 3.0})

@@ -26,6 +26,9 @@ from rlinf_search.distill.teacher import TeacherClient, TeacherFailed, TopK
 
 log = logging.getLogger(__name__)
 
+# Metrics that count things in a batch: a streamed step's are the sum over its mini-batches, not the mean.
+_COUNTS = ("distill/unaligned_tokens", "distill/failed_trajectories")
+
 
 class TeacherDown(RuntimeError):
     """Too many trajectories got no teacher signal: the run stops rather than train on GRPO alone."""
@@ -65,6 +68,7 @@ class TeacherScorer:
         self._thread.start()
         self._client = asyncio.run_coroutine_threadsafe(self._make_client(), self._loop).result()
         self._window: deque[tuple[int, int]] = deque(maxlen=config.failure_window_steps)
+        self._step_counts = (0, 0)  # (failed, total) of the step's mini-batches so far (a streamed step)
 
     async def _make_client(self) -> TeacherClient:
         return TeacherClient(self.config.teacher, temperature=self.config.temperature)
@@ -126,8 +130,10 @@ class TeacherScorer:
                 f"a probe text into other ids ({len(theirs)} tokens, {theirs[:6]}... against the student's "
                 f"{len(ours)}, {ours[:6]}...); set teacher.tokenizer to the teacher's tokenizer")
 
-    def apply(self, batch: RolloutBatch, scoring: TeacherScoring) -> dict[str, float]:
-        """Add the term to ``batch.advantages`` (or replace them, ``mode: only``); return the metrics."""
+    def apply(self, batch: RolloutBatch, scoring: TeacherScoring, *, ends_step: bool = True) -> dict[str, float]:
+        """Add the term to ``batch.advantages`` (or replace them, ``mode: only``); return the metrics.
+        ``ends_step`` false: ``batch`` is one of several mini-batches of a streamed step; its failures count
+        toward the step's, which enter the failure window with the step's last mini-batch."""
         answers = scoring.result()
         shape = tuple(batch.response_mask.shape)
         teacher = torch.zeros(shape)
@@ -138,7 +144,7 @@ class TeacherScorer:
                 width = len(aligned.values)
                 teacher[row, :width] = torch.tensor(aligned.values)
                 scored[row, :width] = torch.tensor(aligned.scored)
-        self._check_failures(len(failures), len(answers), failures[:1])
+        self._check_failures(len(failures), len(answers), failures[:1], ends_step=ends_step)
         if any(aligned is not None and aligned.segment is not None for aligned, _, _ in answers):
             # Pieces of several student tokens (different tokenizers) share their KL once the student's are known.
             segment = torch.arange(shape[1]).repeat(shape[0], 1)  # each token its own piece, unless told otherwise
@@ -166,9 +172,19 @@ class TeacherScorer:
                 "distill/failed_trajectories": float(len(failures)),
                 "distill/teacher_latency_s": sum(latencies) / len(latencies)}
 
-    def _check_failures(self, failed: int, total: int, examples: list[str]) -> None:
+    @staticmethod
+    def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+        """One step's metrics from its mini-batches' (a streamed step): counts add up, the rest are means."""
+        keys = dict.fromkeys(key for part in parts for key in part)
+        return {key: sum(part[key] for part in parts) / (1 if key in _COUNTS else len(parts)) for key in keys}
+
+    def _check_failures(self, failed: int, total: int, examples: list[str], *, ends_step: bool) -> None:
         if failed:
-            log.warning("teacher: %d of %d trajectories got no signal this step; e.g. %s", failed, total, examples[0])
+            log.warning("teacher: %d of %d trajectories got no signal; e.g. %s", failed, total, examples[0])
+        self._step_counts = (self._step_counts[0] + failed, self._step_counts[1] + total)
+        if not ends_step:
+            return
+        (failed, total), self._step_counts = self._step_counts, (0, 0)
         self._window.append((failed, total))
         failed_sum, total_sum = sum(f for f, _ in self._window), sum(t for _, t in self._window)
         window_full = len(self._window) == self._window.maxlen

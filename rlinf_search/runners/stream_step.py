@@ -38,7 +38,7 @@ class StreamedBatch:
     actor_metrics: list[dict[str, float]]
     """Per actor rank: each metric's mean over the step's mini-batches."""
     distill_metrics: dict[str, float] = field(default_factory=dict)
-    """The teacher's metrics, averaged over mini-batches (empty without a teacher)."""
+    """The teacher's metrics over the step's mini-batches (``TeacherScorer.merge_metrics``; empty without one)."""
     minibatches: list[list[int]] = field(default_factory=list)
     """The group (prompt) indices of each mini-batch, in the order the actor trained them."""
     seconds: dict[str, float] = field(default_factory=dict)
@@ -80,7 +80,7 @@ class StreamedStep:
                 if not train_calls:
                     seconds["first_update"] = time.perf_counter() - started
                 chunk, waiting = waiting, []
-                batch, chunk_scores, metrics = self._prepare(records, chunk, seconds)
+                batch, chunk_scores, metrics = self._prepare(records, chunk, seconds, last=last)
                 scores.update(chunk_scores)
                 if metrics:
                     distill.append(metrics)
@@ -93,7 +93,8 @@ class StreamedStep:
         return StreamedBatch(
             trajectories=[t for i in order for t in arrived[i]], scores=[s for i in order for s in scores[i]],
             actor_metrics=[_mean([call[rank] for call in per_call]) for rank in range(len(per_call[0]))],
-            distill_metrics=_mean(distill) if distill else {}, minibatches=minibatches, seconds=seconds)
+            distill_metrics=self.runner.teacher.merge_metrics(distill) if distill else {}, minibatches=minibatches,
+            seconds=seconds)
 
     def _launch(self, records: list[QARecord], key: str) -> list[GroupCall]:
         """Each rollout rank streams its contiguous share of the prompts (the shares ``sync`` gives them)."""
@@ -114,9 +115,10 @@ class StreamedStep:
                 for call in rollout:
                     call.raise_if_failed()
 
-    def _prepare(self, records: list[QARecord], chunk: list[FinishedGroup],
-                 seconds: dict[str, float]) -> tuple[RolloutBatch, dict[int, list[RewardScore]], dict[str, float]]:
-        """A mini-batch of whole groups made ready to train: rewards, teacher, log-probs, advantages."""
+    def _prepare(self, records: list[QARecord], chunk: list[FinishedGroup], seconds: dict[str, float], *,
+                 last: bool) -> tuple[RolloutBatch, dict[int, list[RewardScore]], dict[str, float]]:
+        """A mini-batch of whole groups made ready to train: rewards, teacher, log-probs, advantages.
+        ``last``: the step's last mini-batch (the teacher's failure window counts steps)."""
         runner = self.runner
         trajectories = [t for g in chunk for t in g.trajectories]
         chunk_records = [records[g.index] for g in chunk]
@@ -132,7 +134,7 @@ class StreamedStep:
         metrics: dict[str, float] = {}
         if teacher is not None:
             clock = time.perf_counter()
-            metrics = runner.teacher.apply(batch, teacher)
+            metrics = runner.teacher.apply(batch, teacher, ends_step=last)
             seconds["teacher"] += time.perf_counter() - clock
         per_group = {g.index: flat[i * self.group_size:(i + 1) * self.group_size] for i, g in enumerate(chunk)}
         return batch, per_group, metrics
