@@ -124,13 +124,13 @@ class StreamedStep:
         chunk_records = [records[g.index] for g in chunk]
         teacher = runner.teacher.start(chunk_records, trajectories) if runner.teacher is not None else None
         clock = time.perf_counter()
-        flat = runner._score(trajectories)
+        flat = runner.score(trajectories)
         seconds["reward"] += time.perf_counter() - clock
         batch = collate_trajectories(trajectories, [s.reward for s in flat], pad_id=0)
         clock = time.perf_counter()
-        runner._logprobs(batch)
+        runner.compute_logprobs(batch)
         seconds["inference"] += time.perf_counter() - clock
-        runner._advantages(batch)  # group-local estimators only (config.pipeline): whole groups suffice
+        runner.compute_advantages(batch)  # group-local estimators only (config.pipeline): whole groups suffice
         metrics: dict[str, float] = {}
         if teacher is not None:
             clock = time.perf_counter()

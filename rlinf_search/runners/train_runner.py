@@ -128,7 +128,10 @@ class SearchR1Runner:
             self.groups.rollout.call(RolloutWorker.offload).wait()
         return trajectories
 
-    def _score(self, trajectories: list[Trajectory]) -> list[RewardScore]:
+    # score, compute_logprobs and compute_advantages are the step's passes; a streamed step
+    # (runners/stream_step.py) runs them on each mini-batch of groups as it arrives.
+    def score(self, trajectories: list[Trajectory]) -> list[RewardScore]:
+        """Rewards of ``trajectories`` in their order, each reward rank scoring its own share."""
         return score_shards(self.groups.reward, trajectories)
 
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
@@ -138,7 +141,7 @@ class SearchR1Runner:
         shares = self.groups.critic.call(CriticWorker.compute_values, batch).wait()
         return place_rows(tuple(batch.response_mask.shape), shares)
 
-    def _advantages(self, batch: RolloutBatch) -> None:
+    def compute_advantages(self, batch: RolloutBatch) -> None:
         """Advantages (and, with a critic, values and returns) on ``batch``.
 
         GAE runs over model tokens only: an observation token is the environment's move, not a time
@@ -165,7 +168,7 @@ class SearchR1Runner:
         actor_metrics = results[0] if train_actor else []
         return actor_metrics, results[-1] if critic is not None else []
 
-    def _logprobs(self, batch: RolloutBatch) -> None:
+    def compute_logprobs(self, batch: RolloutBatch) -> None:
         """Old (recomputed, else the engine's) and reference log-probs, where ``config.logprobs`` says."""
         plan = self.config.logprobs
         recompute, kl = plan.recompute, plan.kl
@@ -222,14 +225,14 @@ class SearchR1Runner:
         teacher_scoring = self.teacher.start(records, trajectories) if self.teacher is not None else None
         append_batch_audit(self.config.runner.log_path, self.state.global_step + 1, records, trajectories)
         with timer.phase("reward"):
-            scores = self._score(trajectories)
+            scores = self.score(trajectories)
         self._dump(f"step_{self.state.global_step + 1}", records, trajectories, scores,
                    keep=spread(len(trajectories), self.config.runner.rollout_dump))
         batch = collate_trajectories(trajectories, [s.reward for s in scores], pad_id=0)
         with timer.phase("inference"):
-            self._logprobs(batch)
+            self.compute_logprobs(batch)
         with timer.phase("advantages"):  # with a critic, its forward pass is most of it
-            self._advantages(batch)
+            self.compute_advantages(batch)
         distill_metrics = {}
         if teacher_scoring is not None:
             with timer.phase("teacher"):  # only the wait for answers still in flight
@@ -297,7 +300,7 @@ class SearchR1Runner:
             return {}
         self._flush_weights()
         trajectories = self._rollout(self.val_records, 1, greedy=True)
-        scores = self._score(trajectories)
+        scores = self.score(trajectories)
         if self.config.runner.rollout_dump:
             self._dump(f"val_step_{self.state.global_step}", self.val_records, trajectories, scores,
                        keep=list(range(len(trajectories))))
