@@ -124,13 +124,20 @@ def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp
 
 def _rollout_rank_pid(session: int) -> int:
     """The pid of a rollout rank of the run whose driver leads ``session`` (Ray's processes stay in the
-    driver's session; Ray names actor processes ``ray::<Class>...``). Other runs on the machine are left be."""
+    driver's session; Ray titles actor processes ``ray::<Class>...``), read from /proc (no procps needed).
+    Other runs on the machine are left be."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        found = subprocess.run(["pgrep", "-s", str(session), "-f", "ray::RolloutWorker"], capture_output=True,
-                               text=True, check=False).stdout.split()  # pgrep exits 1 while there is none
-        if found:
-            return int(found[0])
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            except OSError:  # the process ended meanwhile
+                continue
+            if title.startswith("ray::RolloutWorker") and int(fields[3]) == session:
+                return int(proc.name)
         time.sleep(0.1)
     raise AssertionError("no rollout rank process found")
 
