@@ -111,5 +111,10 @@ def run_minibatches(num_rows: int, step: Callable[[list[int]], dict[str, float]]
             rng.shuffle(rows)
         for minibatch_rows in split_into(rows, n_minibatches):
             history.append(step(sorted(minibatch_rows)))
-    keys = dict.fromkeys(key for h in history for key in h)
-    return {key: sum(h[key] for h in history if key in h) / sum(key in h for h in history) for key in keys}
+    return mean_by_key(history)
+
+
+def mean_by_key(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the rows that report it (optimizer steps, mini-batches)."""
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return {key: sum(row[key] for row in rows if key in row) / sum(key in row for row in rows) for key in keys}

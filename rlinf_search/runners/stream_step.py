@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from rlinf_search.data.batch import RolloutBatch, collate_trajectories
 from rlinf_search.data.io_struct import FinishedGroup, QARecord, RewardScore, Trajectory
+from rlinf_search.data.rank_plan import mean_by_key
 from rlinf_search.runners.group_calls import shard
 from rlinf_search.scheduler import GroupCall, wait_all
 from rlinf_search.scheduler.channel import Channel
@@ -77,8 +78,6 @@ class StreamedStep:
             waiting.append(group)
             last = len(arrived) == len(records)
             if len(waiting) == self.groups_per_minibatch or last:
-                if not train_calls:
-                    seconds["first_update"] = time.perf_counter() - started
                 chunk, waiting = waiting, []
                 batch, chunk_scores, metrics = self._prepare(records, chunk, seconds, last=last)
                 scores.update(chunk_scores)
@@ -86,13 +85,14 @@ class StreamedStep:
                     distill.append(metrics)
                 minibatches.append([g.index for g in chunk])
                 train_calls.append(self.runner.groups.actor.call(ActorWorker.train_minibatch, batch))
+                seconds.setdefault("first_update", time.perf_counter() - started)
         seconds["last_group"] = time.perf_counter() - started
         wait_all(rollout)  # every rank has returned (they have put all their groups)
         per_call = wait_all(train_calls)  # [mini-batch][rank]
         order = range(len(records))
         return StreamedBatch(
             trajectories=[t for i in order for t in arrived[i]], scores=[s for i in order for s in scores[i]],
-            actor_metrics=[_mean([call[rank] for call in per_call]) for rank in range(len(per_call[0]))],
+            actor_metrics=[mean_by_key([call[rank] for call in per_call]) for rank in range(len(per_call[0]))],
             distill_metrics=self.runner.teacher.merge_metrics(distill) if distill else {}, minibatches=minibatches,
             seconds=seconds)
 
@@ -138,9 +138,3 @@ class StreamedStep:
             seconds["teacher"] += time.perf_counter() - clock
         per_group = {g.index: flat[i * self.group_size:(i + 1) * self.group_size] for i, g in enumerate(chunk)}
         return batch, per_group, metrics
-
-
-def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Each key's mean over the rows that report it."""
-    keys = dict.fromkeys(key for row in rows for key in row)
-    return {key: sum(row[key] for row in rows if key in row) / sum(key in row for row in rows) for key in keys}
