@@ -77,3 +77,11 @@ def word_parity(solution_str, golden_answers, **kwargs) -> float:
     """A reward a random model earns half the time: 1 for an odd number of words (GRPO groups then disagree
     and the update moves the policy, which EM alone rarely makes a random model do)."""
     return float(len(solution_str.split()) % 2)
+
+
+class NeedsGpuTrainer:
+    """A trainer class named by dotted path that says what it needs (``actor.training_backend``)."""
+
+    needs_cuda = True
+    requires = ("no_such_mod",)
+    install_hint = "pip install no-such-mod"

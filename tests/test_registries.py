@@ -36,7 +36,8 @@ CASES = {
     "search_backend": (SEARCH_BACKENDS, registry_plugins.build_nothing, "build_nothing", ValueError),
     "template": (TEMPLATES, "Q: {question}", None, TemplateError),
     "encoder": (ENCODER_SPECS, lambda: EncoderSpec("m", "mean", "", "", 8), None, ValueError),
-    "training_backend": (TRAINING_BACKENDS, TrainingBackend(trainer=f"{PLUGINS}:build_nothing"), None, ValueError),
+    "training_backend": (TRAINING_BACKENDS, TrainingBackend(trainer=f"{PLUGINS}:build_nothing"), "build_nothing",
+                         ValueError),
 }
 
 
@@ -121,3 +122,15 @@ def test_a_lazy_builtin_is_imported_when_first_resolved():
     registry: Registry = Registry("thing")
     registry.register("later", Lazy(f"{PLUGINS}:build_nothing"))
     assert registry.resolve("later") is registry_plugins.build_nothing
+
+
+def test_a_trainer_class_by_dotted_path_is_a_training_backend_saying_what_it_needs():
+    from rlinf_search.workers.actor.backends import training_backend
+
+    assert training_backend("fsdp") is TRAINING_BACKENDS["fsdp"]
+    backend = training_backend(f"{PLUGINS}:NeedsGpuTrainer")
+    assert backend == TrainingBackend(trainer=f"{PLUGINS}:NeedsGpuTrainer", needs_cuda=True, requires=("no_such_mod",),
+                                      install_hint="pip install no-such-mod")
+    assert training_backend(f"{PLUGINS}:build_nothing").needs_cuda is False
+    with pytest.raises(ValueError, match="^actor.training_backend: cannot import training backend"):
+        training_backend(f"{PLUGINS}:NoSuchTrainer")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from rlinf_search.data.io_struct import Trajectory
@@ -25,7 +26,16 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/drift_rate": sum(t.drifted for t in trajectories) / n,
         "rollout/generation_time_s": sum(t.generation_time_s for t in trajectories) / n,
         "rollout/tool_time_s": sum(t.tool_time_s for t in trajectories) / n,
+        # The tail that holds a step back: how much longer the slowest trajectories take than the typical one.
+        "rollout/trajectory_s_p50": _quantile([t.total_time_s for t in trajectories], 0.5),
+        "rollout/trajectory_s_p99": _quantile([t.total_time_s for t in trajectories], 0.99),
     }
     for reason, count in Counter(t.finish_reason for t in trajectories).items():
         metrics[f"rollout/finish_{reason}"] = count / n
     return metrics
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -33,14 +33,25 @@ class TrainingBackend:
     """What to install when a required module is missing."""
 
 
-TRAINING_BACKENDS: Registry[TrainingBackend] = Registry("training backend", dotted_paths=False)
-"""Training backends by the name ``actor.training_backend`` uses. Names only: a backend is a trainer class
-plus what it needs to run, which a dotted path to a class could not say."""
+TRAINING_BACKENDS: Registry[TrainingBackend] = Registry("training backend")
+"""Training backends by the name ``actor.training_backend`` uses, or a dotted path to a trainer class of your
+own (``PolicyTrainer``'s interface); such a class may say what it needs to run in class attributes
+``needs_cuda``, ``requires`` and ``install_hint`` (as ``TrainingBackend`` fields), else it needs nothing."""
 TRAINING_BACKENDS.register("fsdp", TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:FSDPPolicyTrainer"))
 TRAINING_BACKENDS.register("ddp", TrainingBackend(trainer="rlinf_search.workers.actor.policy_trainer:PolicyTrainer"))
 TRAINING_BACKENDS.register("megatron", TrainingBackend(
     trainer="rlinf_search.workers.actor.megatron.trainer:MegatronPolicyTrainer", needs_cuda=True,
     requires=("megatron.core",), install_hint="pip install -e '.[megatron]' (megatron-core)"))
+
+
+def training_backend(name: str) -> TrainingBackend:
+    """The registry entry of ``actor.training_backend``, or one made from the trainer class its dotted path names."""
+    entry = TRAINING_BACKENDS.resolve(name, key="actor.training_backend")
+    if isinstance(entry, TrainingBackend):
+        return entry
+    return TrainingBackend(trainer=name, needs_cuda=bool(getattr(entry, "needs_cuda", False)),
+                           requires=tuple(getattr(entry, "requires", ())),
+                           install_hint=str(getattr(entry, "install_hint", "")))
 
 
 def _importable(module: str) -> bool:
@@ -54,7 +65,7 @@ def require_training_backend(config: ActorConfig, *, device_kind: str, actor_ran
     """Raise ``BackendUnavailable`` (one line) unless ``config.training_backend`` can run on this cluster:
     ``actor_ranks`` devices of kind ``device_kind`` (``cpu`` or ``cuda``)."""
     name = config.training_backend
-    backend = TRAINING_BACKENDS[name]
+    backend = training_backend(name)
     missing = [module for module in backend.requires if not _importable(module)]
     if missing:
         raise BackendUnavailable(f"actor.training_backend {name} needs {', '.join(missing)}: "
@@ -70,5 +81,5 @@ def require_training_backend(config: ActorConfig, *, device_kind: str, actor_ran
 
 def build_trainer(config: ActorConfig):
     """The trainer of ``config.training_backend``, built from ``config``."""
-    backend = TRAINING_BACKENDS[config.training_backend]
+    backend = training_backend(config.training_backend)
     return import_callable(backend.trainer, kind="training backend")(config)

@@ -1,0 +1,252 @@
+"""Step time of the three pipelines (sync, overlap, stream) at the shape of RLinf's Search-R1 run, with
+simulated service times.
+
+    python benchmarks/pipeline.py [--devices 8] [--rollout-devices 4] [--prompts 512] [--group-size 5]
+                                  [--max-turns 4] [--steps 3] [--modes sync,overlap,stream] [--set FIELD=VALUE ...]
+
+Each mode is a real training run (``runners/train_main.train``: Ray worker groups, the Search-R1 agent
+loops, the SearchTool group and its client, sharded reward ranks, the channel of finished groups, weight
+sync) in which the engines, the trainer and the retriever sleep for what a Qwen2.5-3B run on H100s would
+take (``benchmarks/pipeline_sim.py``: the throughput model and where its figures come from). ``--devices``
+CPU slots stand for the GPUs; ``sync`` puts engines and actor on all of them (the engine steps aside for
+training), ``overlap`` and ``stream`` give ``--rollout-devices`` to the engines and the rest to the actor.
+
+The table gives the mean step time after the first step (from the runs' metrics.jsonl), each group's idle
+share of those steps (from the busy intervals the simulated components log), and the trajectories'
+p99/median time; ``--out`` gets ``results.json`` and ``timeline.png`` (one row per rank, busy vs idle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from benchmarks.pipeline_sim import SETTINGS_ENV, ServiceModel, Settings, write_settings  # noqa: E402
+from toolkits.make_tiny_model import make_tiny_model  # noqa: E402
+from toolkits.synth_task import SynthSpec, write_task  # noqa: E402
+
+MODES = ("sync", "overlap", "stream")
+GROUPS = ("rollout", "actor", "search")
+_TRAIN = ("import sys; from omegaconf import OmegaConf; from rlinf_search.config import validate_cfg; "
+          "from rlinf_search.runners.train_main import train; train(validate_cfg(OmegaConf.load(sys.argv[1])))")
+_SIM = "benchmarks.pipeline_sim"
+
+
+def prepare(work: Path, prompts: int) -> dict[str, Path]:
+    """Questions (the synthetic task; only their length matters here) and a tokenizer for the engines."""
+    paths = write_task(work / "synth", SynthSpec(people=max(600, 2 * prompts), seed=0))
+    subprocess.run([sys.executable, "-m", "rlinf_search.data.prepare", "--input", str(paths["train"]),
+                    "--format", "flashrag", "--data-source", "synth", "--out", str(work / "train.prepared.jsonl")],
+                   check=True, capture_output=True)
+    return {"train": work / "train.prepared.jsonl", "model": make_tiny_model(work / "model", [paths["corpus"]])}
+
+
+def placement(mode: str, devices: int, rollout_devices: int) -> dict[str, str]:
+    # Two reward ranks on two slots past the GPUs' (CPU work on a real cluster): a reward rank on an engine's
+    # device would make the placement hybrid, and overlap needs it disaggregated.
+    reward = f"{devices}-{devices + 1}"
+    if mode == "sync":
+        return {"actor,rollout": f"0-{devices - 1}", "reward": reward}
+    return {"rollout": f"0-{rollout_devices - 1}", "actor": f"{rollout_devices}-{devices - 1}", "reward": reward}
+
+
+def run_config(mode: str, work: Path, paths: dict, args) -> Path:
+    cfg = OmegaConf.load(ROOT / "examples/searchr1/config/tiny-cpu.yaml")
+    del cfg["hydra"]
+    out = work / mode
+    cfg.cluster.cpu_slots_per_node = args.devices + 2
+    cfg.cluster.component_placement = placement(mode, args.devices, args.rollout_devices)
+    cfg.runner.update(output_dir=str(out), max_steps=args.steps, save_interval=0, val_check_interval=0,
+                      resume_dir=None, rollout_dump=0, pipeline=mode, seq_length=4096)
+    cfg.runner.logger.logger_backends = ["jsonl"]
+    cfg.rollout.rollout_backend = f"{_SIM}:build_engine"
+    cfg.rollout.model.model_path = str(paths["model"])
+    cfg.actor.training_backend = f"{_SIM}:SimulatedTrainer"
+    cfg.data.update(train_data_paths=[str(paths["train"])], val_data_paths=[], rollout_batch_size=args.prompts,
+                    max_prompt_length=512)
+    # Search-R1's GRPO recipe: 5 samples, 2 mini-batches (ppo_mini_batch_size 256 of 512), 500 tokens a turn,
+    # 500 of observation, top-3 passages; old and reference log-probs are inside the simulated update.
+    cfg.algorithm.update(group_size=args.group_size, n_minibatches=args.minibatches, recompute_logprobs=False,
+                         kl_beta=0.0)
+    cfg.algorithm.sampling_params.max_new_tokens = 500
+    cfg.agentloop.update(max_turns=args.max_turns, max_tool_response_length=500, max_passage_tokens=150)
+    cfg.tools.search.update(backend=f"{_SIM}:build_search_backend", topk=3, num_workers=2)
+    path = work / f"{mode}.yaml"
+    OmegaConf.save(cfg, path)
+    return path
+
+
+def run_mode(mode: str, work: Path, paths: dict, args, env: dict) -> dict:
+    shutil.rmtree(work / mode, ignore_errors=True)  # metrics.jsonl appends: a rerun starts clean
+    config = run_config(mode, work, paths, args)
+    print(f"running {mode} ({args.steps} steps)...", flush=True)
+    with (work / f"{mode}.log").open("w") as log:
+        subprocess.run([sys.executable, "-c", _TRAIN, str(config)], check=True, cwd=ROOT, stdout=log,
+                       stderr=subprocess.STDOUT, env=env)
+    rows = [json.loads(line) for line in (work / mode / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return summarise(rows, read_trace(Path(env[SETTINGS_ENV]).parent / f"trace-{mode}"))
+
+
+def read_trace(folder: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
+
+
+def busy_share(intervals: list[dict], start: float, end: float) -> float:
+    """Mean share of [start, end] each process of ``intervals`` was busy (overlaps counted once)."""
+    by_pid: dict[int, list[tuple[float, float]]] = {}
+    for row in intervals:
+        by_pid.setdefault(row["pid"], []).append((max(row["start"], start), min(row["end"], end)))
+    shares = []
+    for spans in by_pid.values():
+        covered, reach = 0.0, start
+        for lo, hi in sorted(spans):
+            lo = max(lo, reach)
+            if hi > lo:
+                covered, reach = covered + hi - lo, hi
+        shares.append(covered / (end - start))
+    return sum(shares) / len(shares) if shares else 0.0
+
+
+def summarise(rows: list[dict], trace: list[dict]) -> dict:
+    """Steps after the first: their mean wall time, each group's idle share, the trajectory tail."""
+    later = rows[1:]
+    start, end = rows[0]["time"], rows[-1]["time"]
+    out = {"step_s": (end - start) / len(later), "steps": len(later),
+           "trajectory_p50_s": _mean(r["rollout/trajectory_s_p50"] for r in later),
+           "trajectory_p99_s": _mean(r["rollout/trajectory_s_p99"] for r in later),
+           "searches_per_trajectory": _mean(r["rollout/searches_per_trajectory"] for r in later),
+           "response_tokens": _mean(r["rollout/response_length"] for r in later),
+           "window": [start, end]}
+    for group in GROUPS:
+        out[f"idle_{group}"] = 1.0 - busy_share([t for t in trace if t["group"] == group], start, end)
+    return out
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def table(results: dict[str, dict]) -> str:
+    base = results.get("sync", {}).get("step_s")
+    lines = ["| mode | step s | vs sync | idle rollout | idle actor | idle search | traj p50 s | traj p99 s | p99/p50 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for mode, r in results.items():
+        ratio = f"{r['step_s'] / base:.2f}x" if base else "-"
+        lines.append(f"| {mode} | {r['step_s']:.1f} | {ratio} | {r['idle_rollout']:.0%} | {r['idle_actor']:.0%} | "
+                     f"{r['idle_search']:.0%} | {r['trajectory_p50_s']:.1f} | {r['trajectory_p99_s']:.1f} | "
+                     f"{r['trajectory_p99_s'] / r['trajectory_p50_s']:.1f} |")
+    return "\n".join(lines)
+
+
+COLOURS = {"decode": "tab:blue", "train": "tab:orange", "retrieve": "tab:green", "weight_sync": "tab:red",
+           "offload": "tab:gray", "onload": "tab:gray"}
+
+
+def plot_timeline(traces: dict[str, list[dict]], results: dict[str, dict], path: Path) -> None:
+    """One panel per mode; one row per rank of each group; coloured where busy, blank where idle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    fig, axes = plt.subplots(len(traces), 1, figsize=(12, 2.6 * len(traces)), squeeze=False)
+    for ax, (mode, trace) in zip(axes[:, 0], traces.items()):
+        t0 = min(row["start"] for row in trace)
+        labels, y = [], 0
+        for group in GROUPS:
+            pids = sorted({row["pid"] for row in trace if row["group"] == group})
+            for i, pid in enumerate(pids):
+                for row in trace:
+                    if row["pid"] == pid and row["group"] == group:
+                        ax.broken_barh([(row["start"] - t0, row["end"] - row["start"])], (y, 0.8),
+                                       color=COLOURS.get(row["what"], "black"), linewidth=0)
+                labels.append(f"{group} {i}")
+                y += 1
+        for edge in results[mode]["window"]:
+            ax.axvline(edge - t0, color="black", linestyle=":", linewidth=0.8)
+        ax.set_yticks([i + 0.4 for i in range(len(labels))], labels, fontsize=6)
+        ax.set_title(f"{mode}: {results[mode]['step_s']:.0f} s a step (dotted: the steps measured)", fontsize=9)
+        ax.set_xlabel("seconds")
+    fig.legend(handles=[Patch(color=c, label=w) for w, c in COLOURS.items() if w != "onload"],
+               loc="upper right", fontsize=7, ncol=5)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=110)
+
+
+def service_model(overrides: list[str], parser: argparse.ArgumentParser) -> ServiceModel:
+    """The default ``ServiceModel`` with each ``--set FIELD=VALUE`` applied (``time_scale=2``: twice as fast)."""
+    fields = {f.name: f for f in dataclasses.fields(ServiceModel)}
+    changes = {}
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields or name == "search_probability" and not value:
+            parser.error(f"--set {item}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}")
+        default = getattr(ServiceModel, name) if name != "search_probability" else ()
+        changes[name] = (tuple(float(v) for v in value.split(",")) if name == "search_probability"
+                         else type(default)(value))
+    return dataclasses.replace(ServiceModel(), **changes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--rollout-devices", type=int, default=4, help="engines' share in overlap and stream")
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--group-size", type=int, default=5)
+    parser.add_argument("--minibatches", type=int, default=2)
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a ServiceModel field (benchmarks/pipeline_sim.py), e.g. max_running_requests=128")
+    parser.add_argument("--out", default=None, help="folder for results.json and timeline.png")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not 0 < args.rollout_devices < args.devices:
+        parser.error(f"--modes from {', '.join(MODES)}; 0 < --rollout-devices < --devices")
+    model = service_model(args.set, parser)
+    work = Path(args.out or tempfile.mkdtemp(prefix="bench_pipeline_"))
+    work.mkdir(parents=True, exist_ok=True)
+    paths = prepare(work, args.prompts)
+    results, traces = {}, {}
+    for mode in modes:
+        trace_dir = work / f"trace-{mode}"
+        trace_dir.mkdir(exist_ok=True)
+        for old in trace_dir.glob("*.jsonl"):
+            old.unlink()
+        settings = write_settings(work / "settings.json",
+                                  Settings(model=model, trace_dir=str(trace_dir)))
+        env = {**os.environ, SETTINGS_ENV: str(settings)}
+        results[mode] = run_mode(mode, work, paths, args, env)
+        traces[mode] = read_trace(trace_dir)
+    if model.time_scale != 1:
+        print("note: time_scale speeds the simulation up, but not the runtime's own CPU work: it then weighs more")
+    print(f"\n{args.devices} devices ({args.rollout_devices} engines in overlap/stream), {args.prompts} prompts x "
+          f"{args.group_size}, up to {args.max_turns} tool turns, {args.minibatches} mini-batches, "
+          f"time scale {model.time_scale:g} (the table is in simulated seconds); model changes: {args.set or 'none'}")
+    scaled = {m: {**r, **{k: r[k] * model.time_scale for k in ("step_s", "trajectory_p50_s", "trajectory_p99_s")}}
+              for m, r in results.items()}
+    print(table(scaled))
+    (work / "results.json").write_text(json.dumps({"args": vars(args), "results": scaled}, indent=1))
+    plot_timeline(traces, results, work / "timeline.png")
+    print(f"results and timeline: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The simulated engine, trainer and retriever of benchmarks/pipeline.py, and the benchmark itself.
+
+The simulation is only worth its table if the real agent loop drives it as it drives a model: turns end on
+the protocol's stop tags, searches go through the real client, the same seeds give the same trajectories
+in every mode, and the busy intervals it logs are what the table reads. The heavy test runs the benchmark
+end to end at a tiny shape (real Ray worker groups in all three modes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from benchmarks.pipeline import busy_share
+from benchmarks.pipeline_sim import (
+    SETTINGS_ENV,
+    ServiceModel,
+    Settings,
+    SimulatedEngine,
+    SimulatedSearchBackend,
+    read_settings,
+    write_settings,
+)
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.data.io_struct import QARecord, SamplingParams
+from rlinf_search.tools.search import SearchClient, SearchToolConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ServiceModel(time_scale=1000.0)  # a simulated minute in 60 ms
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch) -> Settings:
+    settings = Settings(model=FAST, trace_dir=str(tmp_path))
+    monkeypatch.setenv(SETTINGS_ENV, str(write_settings(tmp_path / "settings.json", settings)))
+    return settings
+
+
+def _records(n: int) -> list[QARecord]:
+    return [QARecord(uid=f"q{i}", prompt=[{"role": "user", "content": f"Question {i}: who?"}],
+                     golden_answers=["x"], data_source="synth") for i in range(n)]
+
+
+def _rollout(engine, settings, records, samples, seed=7):
+    config = AgentLoopConfig(max_turns=4, max_tokens_per_turn=500, max_obs_tokens=500, max_passage_tokens=150,
+                             max_response_tokens=4096, topk=3, sampling=SamplingParams())
+
+    async def run():
+        tool = SearchClient(SearchToolConfig(backend="local"), SimulatedSearchBackend(settings))
+        loop = SearchR1AgentLoop(engine, tool, engine.tokenizer, config)
+        try:
+            return await loop.run_batch(records, samples, seed=seed)
+        finally:
+            await tool.aclose()
+
+    return asyncio.run(run())
+
+
+def test_settings_round_trip_through_the_environment(settings):
+    assert read_settings() == settings
+
+
+def test_the_agent_loop_drives_the_engine_and_the_retriever_as_it_drives_a_model(settings, tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = SimulatedEngine(tokenizer, settings, seed=0)
+    trajectories = _rollout(engine, settings, _records(6), samples=4)
+    assert len(trajectories) == 24
+    searches = [t.num_searches for t in trajectories]
+    assert max(searches) <= 4 and sum(searches) / len(searches) > 0.5  # the model's 0.9 first-turn chance
+    for traj in trajectories:
+        assert traj.finish_reason in {"answer", "max_turns", "max_response_tokens"}
+        assert len(traj.response_ids) == len(traj.response_mask) == len(traj.rollout_logprobs)
+        for span in traj.spans:  # model turns train, observations never do
+            assert set(traj.response_mask[span.start:span.end]) == {1 if span.kind == "model" else 0}
+        assert traj.num_searches == sum(span.kind == "information" for span in traj.spans)
+    # The same seed samples the same trajectories on a fresh engine, however requests were batched.
+    again = _rollout(SimulatedEngine(tokenizer, settings, seed=1), settings, _records(6), samples=4)
+    assert [t.response_ids for t in again] == [t.response_ids for t in trajectories]
+    # Every engine step and retrieval left a busy interval, in its own file.
+    rows = [json.loads(line) for path in Path(settings.trace_dir).glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert {row["group"] for row in rows} == {"rollout", "search"}
+    assert all(row["end"] >= row["start"] for row in rows)
+
+
+def test_a_turn_cut_at_its_limit_has_no_action(settings, tiny_model_dir):
+    engine = SimulatedEngine(AutoTokenizer.from_pretrained(tiny_model_dir), settings, seed=0)
+    prompt = engine._encode("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    outcomes = {engine._plan(prompt, SamplingParams(max_new_tokens=12, seed=s))[1] for s in range(200)}
+    assert outcomes == {"length", "stop"}
+    ids, finish, stop = engine._plan(prompt, SamplingParams(max_new_tokens=3, seed=0))
+    assert (len(ids), finish, stop) == (3, "length", None)
+
+
+def test_decode_steps_cost_more_with_more_context_and_batch():
+    model = ServiceModel()
+    assert model.decode_step_s(1, 1000) < model.decode_step_s(1, 100_000) < model.decode_step_s(256, 100_000) * 1.01
+    # A full batch decodes far more tokens a second than one sequence: the reason engines batch.
+    assert 256 / model.decode_step_s(256, 256 * 1500) > 20 / model.decode_step_s(1, 1500)
+
+
+def test_busy_share_counts_overlapping_intervals_once_per_process():
+    rows = [{"pid": 1, "start": 0.0, "end": 4.0}, {"pid": 1, "start": 2.0, "end": 6.0},
+            {"pid": 2, "start": 8.0, "end": 12.0}]
+    assert busy_share(rows, 0.0, 10.0) == pytest.approx((0.6 + 0.2) / 2)
+
+
+@pytest.mark.heavy
+def test_the_benchmark_runs_every_mode_through_the_real_runtime(tmp_path):
+    out = tmp_path / "bench"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/pipeline.py"), "--devices", "2", "--rollout-devices", "1",
+                    "--prompts", "4", "--group-size", "2", "--steps", "2", "--set", "time_scale=20", "--out", str(out)],
+                   check=True, cwd=ROOT, timeout=900)
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert set(results) == {"sync", "overlap", "stream"}
+    for mode, result in results.items():
+        assert result["steps"] == 1 and result["step_s"] > 0
+        rows = [json.loads(line) for line in (out / mode / "logs" / "metrics.jsonl").read_text().splitlines()]
+        assert [row["rollout/trajectories"] for row in rows] == [8.0, 8.0]
+        trace = [json.loads(line) for path in (out / f"trace-{mode}").glob("*.jsonl")
+                 for line in path.read_text().splitlines()]
+        assert {row["group"] for row in trace} == {"rollout", "actor", "search"}
+        # Two optimizer steps (mini-batches) a step on each actor rank, two steps.
+        assert max(row["optimizer_step"] for row in trace if row["group"] == "actor") == 4
+    assert (out / "timeline.png").stat().st_size > 10_000
