@@ -134,6 +134,16 @@ def summarise(rows: list[dict], trace: list[dict]) -> dict:
     return out
 
 
+def gpu_idle(mode: str, result: dict, devices: int, rollout_devices: int) -> float:
+    """Share of the GPUs' time with nothing on them. ``sync``: engine and actor share every GPU and take
+    turns (the engine offloaded while the actor trains), so a GPU idles when neither works; otherwise each
+    group's idle share weighted by its GPUs."""
+    if mode == "sync":
+        return max(0.0, result["idle_rollout"] + result["idle_actor"] - 1.0)
+    actor_devices = devices - rollout_devices
+    return (rollout_devices * result["idle_rollout"] + actor_devices * result["idle_actor"]) / devices
+
+
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
@@ -141,11 +151,12 @@ def _mean(values) -> float:
 
 def table(results: dict[str, dict]) -> str:
     base = results.get("sync", {}).get("step_s")
-    lines = ["| mode | step s | vs sync | idle rollout | idle actor | idle search | traj p50 s | traj p99 s | p99/p50 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | step s | vs sync | GPUs idle | idle engines | idle actor | idle retriever | traj p50 s | "
+             "traj p99 s | p99/p50 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in results.items():
         ratio = f"{r['step_s'] / base:.2f}x" if base else "-"
-        lines.append(f"| {mode} | {r['step_s']:.1f} | {ratio} | {r['idle_rollout']:.0%} | {r['idle_actor']:.0%} | "
+        lines.append(f"| {mode} | {r['step_s']:.1f} | {ratio} | {r['idle_gpus']:.0%} | {r['idle_rollout']:.0%} | "
+                     f"{r['idle_actor']:.0%} | "
                      f"{r['idle_search']:.0%} | {r['trajectory_p50_s']:.1f} | {r['trajectory_p99_s']:.1f} | "
                      f"{r['trajectory_p99_s'] / r['trajectory_p50_s']:.1f} |")
     return "\n".join(lines)
@@ -233,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                                   Settings(model=model, trace_dir=str(trace_dir)))
         env = {**os.environ, SETTINGS_ENV: str(settings)}
         results[mode] = run_mode(mode, work, paths, args, env)
+        results[mode]["idle_gpus"] = gpu_idle(mode, results[mode], args.devices, args.rollout_devices)
         traces[mode] = read_trace(trace_dir)
     if model.time_scale != 1:
         print("note: time_scale speeds the simulation up, but not the runtime's own CPU work: it then weighs more")

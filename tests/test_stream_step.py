@@ -84,62 +84,113 @@ def test_the_placement_decides_when_pipeline_is_unset(tmp_path, synth, server, t
     assert validate_cfg(cfg).runner.pipeline == "overlap"
 
 
-# A sync run and a streamed run, killed and resumed: about three minutes on 2 cores, in the heavy lane.
-@pytest.mark.heavy
-def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp_path, synth, server,  # noqa: F811
-                                                                            tiny_model_dir):
-    """Step 1 of a streamed run samples the very tokens a sync run samples (same weights, same seeds: only
-    the order of training differs). A rollout rank killed mid-step stops the run with one line naming the
-    rank; the same command resumes from the last checkpoint, and every step is trained once."""
-    sync = _stream_config(tmp_path / "sync", synth, server, tiny_model_dir, **{"runner.pipeline": "sync",
-                                                                              "runner.max_steps": 3})
-    assert _run(sync, tmp_path / "sync").returncode == 0
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory, synth, server, tiny_model_dir) -> Path:  # noqa: F811
+    """Three sync steps with inline rollout ranks: what the streamed runs below are held against."""
+    where = tmp_path_factory.mktemp("sync")
+    sync = _stream_config(where, synth, server, tiny_model_dir, **{"runner.pipeline": "sync", "runner.max_steps": 3})
+    result = _run(sync, where)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return where / "run"
 
-    cut = _stream_config(tmp_path / "cut", synth, server, tiny_model_dir, **{"runner.max_steps": 3,
-                                                                            "runner.resume_dir": "auto"})
+
+# A streamed run killed and resumed, about two minutes each on 2 cores (and the sync run once), in the heavy lane.
+@pytest.mark.heavy
+@pytest.mark.parametrize("agent_loop_workers, victim, group", [
+    (0, "ray::RolloutWorker", "RolloutGroup"), (2, "ray::AgentLoopWorker", "AgentLoopGroup")],
+    ids=["rollout-rank", "agent-loop-rank"])
+def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp_path, synth, server,  # noqa: F811
+                                                                            tiny_model_dir, sync_run,
+                                                                            agent_loop_workers, victim, group):
+    """Step 1 of a streamed run samples the very tokens a sync run samples (same weights, same seeds: only
+    the order of training differs), also when an AgentLoop group sends the turns to engine servers. The rank
+    that runs agent loops (a rollout rank, or an agent-loop rank) killed mid-step stops the run with one line
+    naming it; the same command resumes from the last checkpoint, and every step is trained once."""
+    cut = _stream_config(tmp_path / "cut", synth, server, tiny_model_dir, **{
+        "runner.max_steps": 3, "runner.resume_dir": "auto", "agentloop.num_workers": agent_loop_workers})
     process = subprocess.Popen(_command(cut, tmp_path / "cut"), cwd=ROOT, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    mark = tmp_path / "cut" / "run" / "checkpoints" / "global_step_1" / "COMPLETE"
-    deadline = time.monotonic() + 600
-    while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert mark.exists(), "the run should reach its step-1 checkpoint"
-    victim = _rollout_rank_pid(session=process.pid)
-    os.kill(victim, signal.SIGKILL)  # one agent-loop process, mid step 2
+    _wait_for_checkpoint(tmp_path / "cut" / "run", 1, process)
+    os.kill(_rank_pid(session=process.pid, title=victim), signal.SIGKILL)  # mid step 2
     _, stderr = process.communicate(timeout=300)
     assert process.returncode != 0
     last = stderr.strip().splitlines()[-1]
-    assert "RunStopped: RolloutGroup rank" in last and "stream_rollout()" in last and "in step 2" in last, last
+    assert f"RunStopped: {group} rank" in last and "stream_rollout()" in last and "in step 2" in last, last
     assert [r["step"] for r in _metrics(tmp_path / "cut" / "run")] == [1], "step 2 never logged half-trained"
 
     result = _run(cut, tmp_path / "cut")
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in _metrics(tmp_path / "cut" / "run")] == [1, 2, 3]
-    cut_batches, sync_batches = _batches(tmp_path / "cut" / "run"), _batches(tmp_path / "sync" / "run")
+    cut_batches, sync_batches = _batches(tmp_path / "cut" / "run"), _batches(sync_run)
     assert cut_batches[1] == sync_batches[1], "step 1 streamed samples the very tokens step 1 in sync samples"
     for step in (2, 3):
         assert cut_batches[step]["uids"] == sync_batches[step]["uids"], f"step {step}: the same prompts"
         assert sorted(g for mb in _minibatches(tmp_path / "cut" / "run")[step] for g in mb) == list(range(BATCH))
 
 
-def _rollout_rank_pid(session: int) -> int:
-    """The pid of a rollout rank of the run whose driver leads ``session`` (Ray's processes stay in the
-    driver's session; Ray titles actor processes ``ray::<Class>...``), read from /proc (no procps needed).
-    Other runs on the machine are left be."""
+@pytest.mark.heavy
+def test_a_sync_run_through_engine_servers_samples_what_inline_rollout_ranks_sample(tmp_path, synth, server,  # noqa: F811
+                                                                                   tiny_model_dir, sync_run):
+    """Three sync steps with the agent loops in an AgentLoop group and the engines as servers behind its
+    routers (weights synced to the servers, engines stepping aside for the collocated actor): every step
+    samples the very tokens the inline rollout ranks sampled."""
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
+        "runner.pipeline": "sync", "runner.max_steps": 3, "agentloop.num_workers": 2})
+    result = _run(cfg, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got, expected = _batches(tmp_path / "run"), _batches(sync_run)
+    assert [got[step] for step in (1, 2, 3)] == [expected[step] for step in (1, 2, 3)]
+
+
+@pytest.mark.heavy
+def test_a_killed_search_tool_rank_stops_a_streamed_run_in_one_line(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
+    """The SearchTool group's only rank killed mid-step: the agent loops get error observations and finish
+    the step's rollout, and the run stops at the step's search metrics with one line naming the rank; the
+    same command resumes and trains every step."""
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
+        "runner.max_steps": 3, "runner.resume_dir": "auto", "agentloop.num_workers": 2,
+        "tools.search.num_workers": 1})
+    process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(tmp_path / "run", 1, process)
+    os.kill(_rank_pid(session=process.pid, title="ray::SearchToolWorker"), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode != 0
+    last = stderr.strip().splitlines()[-1]
+    assert "SearchToolGroup rank 0" in last, last
+    assert [r["step"] for r in _metrics(tmp_path / "run")] == [1]
+    result = _run(cfg, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2, 3]
+    assert sorted(g for mb in _minibatches(tmp_path / "run")[3] for g in mb) == list(range(BATCH))
+
+
+def _wait_for_checkpoint(run_dir: Path, step: int, process: subprocess.Popen) -> None:
+    mark = run_dir / "checkpoints" / f"global_step_{step}" / "COMPLETE"
+    deadline = time.monotonic() + 600
+    while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), f"the run should reach its step-{step} checkpoint"
+
+
+def _rank_pid(session: int, title: str) -> int:
+    """The pid of a rank whose process title starts with ``title`` (Ray titles actor processes
+    ``ray::<Class>...``) in the run whose driver leads ``session`` (Ray's processes stay in the driver's
+    session), read from /proc (no procps needed). Other runs on the machine are left be."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
             try:
-                title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
             except OSError:  # the process ended meanwhile
                 continue
-            if title.startswith("ray::RolloutWorker") and int(fields[3]) == session:
+            if cmdline.startswith(title) and int(fields[3]) == session:
                 return int(proc.name)
         time.sleep(0.1)
-    raise AssertionError("no rollout rank process found")
+    raise AssertionError(f"no {title} process found")
 
 
 def test_a_streamed_steps_teacher_metrics_add_counts_and_average_the_rest():

@@ -131,6 +131,10 @@ class RunConfig:
     """Shuffle the training prompts each epoch."""
     seed: int = 0
     """Data order and engine sampling seed."""
+    agent_loop_workers: int = 0
+    """``agentloop.num_workers``: ranks of the AgentLoop group, whose agent loops send each turn to one of the
+    rollout group's engines (token-in/token-out servers) through a router. 0: each rollout rank runs the
+    agent loops of its share itself, on its own engine."""
     prompt_limit: PromptLimit
     """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
     reward: RewardConfig
@@ -309,7 +313,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         val_data_paths=val_paths, rollout_batch_size=batch, group_size=group_size, adv_type=adv_type,
         recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", RunConfig.shuffle),
         inference=inference, logprobs=logprobs,
-        seed=seed, prompt_limit=limit, reward=reward_config(raw), actor_group=groups["actor"],
+        seed=seed, agent_loop_workers=get_int(raw, "agentloop.num_workers", RunConfig.agent_loop_workers, minimum=0), prompt_limit=limit, reward=reward_config(raw), actor_group=groups["actor"],
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),
         gamma=get_float(raw, "algorithm.gamma", RunConfig.gamma), lam=get_float(raw, "algorithm.lam", RunConfig.lam),

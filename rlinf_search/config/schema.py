@@ -38,7 +38,7 @@ SCHEMA: dict[str, Any] = {
                               "top_k": None, "top_k_coef": None, "top_k_divergence": None, "max_failed_fraction": None, "failure_window_steps": None,
                               "teacher": "*"}},  # checked by TeacherConfig.from_dict
     "agentloop": {"max_turns": None, "max_tool_response_length": None, "max_passage_tokens": None,
-                  "retokenize": None},
+                  "retokenize": None, "num_workers": None},
     "tools": {"search": "*"},  # checked by SearchToolConfig.from_dict
     "rollout": {"group_name": None, "rollout_backend": None, "max_running_requests": None,
                 "gpu_memory_utilization": None, "tensor_parallel_size": None, "seeded": None,
@@ -69,7 +69,8 @@ SCHEMA: dict[str, Any] = {
 DEPRECATED_KEYS = {"agentloop.maxturn": "agentloop.max_turns"}
 # RLinf keys that name something this trainer does not have: dropped with a one-line warning, so an
 # RLinf config loads, and the message says why the key does nothing.
-REMOVED_KEYS = {"agentloop.group_name": "the agent loop runs inside the rollout group (rollout.group_name)"}
+REMOVED_KEYS = {"agentloop.group_name": "the agent loop runs inside the rollout group (rollout.group_name), or, "
+                                        "with agentloop.num_workers >= 1, in the group named AgentLoopGroup"}
 
 
 def check_keys(node: Any, schema: Any, path: str) -> None:

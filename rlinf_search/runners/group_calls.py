@@ -26,6 +26,15 @@ class Groups:
     search: WorkerGroup | None = None
     """The SearchTool group every rollout rank searches through (``tools.search.num_workers``); None: each
     rollout rank has its own client."""
+    engines: WorkerGroup | None = None
+    """The engine servers on the rollout devices (``agentloop.num_workers`` >= 1); ``rollout`` is then the
+    AgentLoop group, which runs the agent loops and sends each turn to one of them. None: ``rollout``'s ranks
+    each hold their own engine."""
+
+    @property
+    def engine_group(self) -> WorkerGroup:
+        """The group that holds the engines: the one that takes weights, offload and onload."""
+        return self.engines if self.engines is not None else self.rollout
 
 
 def shard(items: list, parts: int) -> list[list]:

@@ -16,14 +16,16 @@ from rlinf_search.runners.group_calls import Groups
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import find_resume_point
 from rlinf_search.runners.train_runner import SearchR1Runner
-from rlinf_search.scheduler import Cluster, WorkerError
+from rlinf_search.scheduler import Cluster, WorkerError, WorkerGroup
 from rlinf_search.workers.actor.backends import require_training_backend
 from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.worker import CriticWorker
 from rlinf_search.workers.inference.worker import InferenceWorker
 from rlinf_search.workers.reward.worker import RewardWorker
+from rlinf_search.workers.rollout.agent_loop_worker import AGENT_LOOP_GROUP, AgentLoopWorker
+from rlinf_search.workers.rollout.server import EngineServerWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
-from rlinf_search.workers.tool.launch import launch_search_group
+from rlinf_search.workers.tool.launch import host_placement, launch_search_group
 
 
 def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> Groups:
@@ -34,7 +36,7 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
                              actor_ranks=len(placement["actor"].ranks))
     actor = ActorWorker.create_group(config.actor, str(resume) if resume else None).launch(
         cluster, placement["actor"], name=config.actor_group)
-    rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(cluster, placement["rollout"], name=config.rollout_group)
+    rollout, engines = launch_rollout_groups(config, cluster)
     search = launch_search_group(config.search, cluster, rollout)
     reward = RewardWorker.create_group(config.reward).launch(cluster, placement["reward"], name=config.reward_group)
     critic = None
@@ -47,7 +49,26 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
         inference = InferenceWorker.create_group(config.actor, config.inference, policy=plan.old == "inference",
                                                  reference=plan.reference == "inference").launch(
             cluster, placement["inference"], name=config.inference.group_name)
-    return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference, search=search)
+    return Groups(rollout=rollout, actor=actor, reward=reward, critic=critic, inference=inference, search=search,
+                  engines=engines)
+
+
+def launch_rollout_groups(config: RunConfig, cluster: Cluster) -> tuple[WorkerGroup, WorkerGroup | None]:
+    """The group that runs the agent loops, and the engine servers when that is not the same group.
+
+    ``agentloop.num_workers`` 0: rollout ranks on the rollout devices, each with its engine and its share of
+    the agent loops (no engine servers). >= 1: engine servers on the rollout devices, and that many
+    AgentLoop ranks beside the driver (they use no device) whose routers spread turns over every engine."""
+    if config.agent_loop_workers == 0:
+        rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(
+            cluster, cluster.placement["rollout"], name=config.rollout_group)
+        return rollout, None
+    engines = EngineServerWorker.create_group(config.rollout, config.seed).launch(
+        cluster, cluster.placement["rollout"], name=config.rollout_group)
+    loops = AgentLoopWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(
+        cluster, host_placement(AGENT_LOOP_GROUP, config.agent_loop_workers), name=AGENT_LOOP_GROUP)
+    loops.call(AgentLoopWorker.use_engines, list(engines.actors)).wait()
+    return loops, engines
 
 
 def read_prompts(config: RunConfig) -> RunPrompts:

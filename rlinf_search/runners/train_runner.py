@@ -51,7 +51,6 @@ from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.value_trainer import batch_value_metrics
 from rlinf_search.workers.critic.worker import CriticWorker
 from rlinf_search.workers.inference.worker import InferenceWorker
-from rlinf_search.workers.rollout.worker import RolloutWorker
 from rlinf_search.workers.tool.launch import search_group_metrics
 
 log = logging.getLogger(__name__)
@@ -103,10 +102,10 @@ class SearchR1Runner:
         self.logger = MetricLogger(Path(config.runner.log_path), list(config.runner.logger_backends),
                                    project=config.runner.project_name, experiment=config.runner.experiment_name,
                                    settings=config.settings)
-        receivers = {"rollout": groups.rollout, "inference": groups.inference}
+        receivers = {"rollout": groups.engine_group, "inference": groups.inference}
         self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers])
         # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
-        shared = set(groups.rollout.placement.devices) & set(groups.actor.placement.devices)
+        shared = set(groups.engine_group.placement.devices) & set(groups.actor.placement.devices)
         self._offload_engine = bool(shared) and config.runner.pipeline == "sync"
         self.teacher = open_teacher(config.distill, student_model=config.rollout.model_path) if config.distill else None
         self.streamed = None
@@ -121,11 +120,11 @@ class SearchR1Runner:
 
     # ---- one step ---------------------------------------------------------------------------
     def _rollout(self, records: list[QARecord], samples: int, *, greedy: bool = False) -> list[Trajectory]:
-        if self._offload_engine:
-            self.groups.rollout.call(RolloutWorker.onload).wait()
+        if self._offload_engine:  # the engine servers' onload and offload, or the inline rollout ranks'
+            self.groups.engine_group.call("onload").wait()
         trajectories = collect_rollout(launch_rollout(self.groups.rollout, records, samples, greedy=greedy))
         if self._offload_engine:
-            self.groups.rollout.call(RolloutWorker.offload).wait()
+            self.groups.engine_group.call("offload").wait()
         return trajectories
 
     # score, compute_logprobs and compute_advantages are the step's passes; a streamed step

@@ -31,6 +31,7 @@ from rlinf_search.tools.search.base import SearchOutcome, SearchTool
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.tools.search.observation import format_observation
 from rlinf_search.workers.rollout.base import GenerationEngine
+from rlinf_search.workers.rollout.router import routed_trajectory
 from rlinf_search.workers.rollout.sampling import derive_seed
 
 _INFORMATION_TAIL = "</information>\n\n"
@@ -160,10 +161,11 @@ class SearchR1AgentLoop:
         """One rollout of one prompt, at its own pace (``seed``: its turns' seeds derive from it)."""
         rollout = self._start(record)
         rollout.seed = seed
-        while not rollout.done:
-            await self._generate_step(rollout)
-            if not rollout.done:
-                await self._observe_step(rollout)
+        with routed_trajectory():  # engine servers behind a router: every turn goes to the first turn's engine
+            while not rollout.done:
+                await self._generate_step(rollout)
+                if not rollout.done:
+                    await self._observe_step(rollout)
         return self._finish(rollout)
 
     async def run_lockstep(self, records: list[QARecord], samples_per_prompt: int = 1) -> list[Trajectory]:

@@ -22,9 +22,14 @@ class RolloutWorker(Worker):
 
     def __init__(self, rollout: RolloutConfig, agent_loop: AgentLoopConfig, search: SearchToolConfig, seed: int):
         """``seed``: ``data.seed``; rank r samples from seed + r."""
+        self._init_sampling(rollout, agent_loop, search, seed)
+        self.engine = build_engine(rollout, device=self.device, seed=seed + self.rank)
+
+    def _init_sampling(self, rollout: RolloutConfig, agent_loop: AgentLoopConfig, search: SearchToolConfig,
+                       seed: int) -> None:
+        """Everything of a rank but its engine: the loop's config, the search tool, the sampling state."""
         self.agent_loop, self.search = agent_loop, search
         self.seeded = rollout.seeded
-        self.engine = build_engine(rollout, device=self.device, seed=seed + self.rank)
         self.weight_version = 0
         # Each rollout call draws one seed from here and every request of the call derives its own
         # from it; so this generator's state is the whole sampling state of the rank, and a

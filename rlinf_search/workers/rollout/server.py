@@ -1,0 +1,47 @@
+"""A rank of the rollout group as a token-in/token-out server (``agentloop.num_workers`` >= 1).
+
+The engine serves ``generate`` calls from every agent-loop rank at once (a Ray async actor: one event loop,
+so concurrent requests meet in the engine's running batch), and takes weights, offload and onload from the
+driver as an inline rollout rank does. It knows nothing of prompts, tools or trajectories.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.scheduler import Worker
+from rlinf_search.workers.rollout.base import build_engine
+from rlinf_search.workers.rollout.config import RolloutConfig
+
+
+class EngineServerWorker(Worker):
+    """One engine on one device, answering ``generate`` for the agent-loop group's routers."""
+
+    def __init__(self, rollout: RolloutConfig, seed: int):
+        """``seed``: ``data.seed``; rank r's engine samples unseeded requests from seed + r."""
+        self.engine = build_engine(rollout, device=self.device, seed=seed + self.rank)
+        self.weight_version = 0
+        self.served = 0
+        """Requests answered, for tests and metrics."""
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
+        """Continue ``prompt_ids``: exactly the sampled ids and their log-probs."""
+        out = await self.engine.generate(prompt_ids, sampling)
+        self.served += 1
+        return out
+
+    async def stats(self) -> dict[str, int]:
+        return {"served": self.served, "weight_version": self.weight_version}
+
+    # Plain methods: WeightSync's receive hook calls set_weights synchronously, and the driver calls all three
+    # between rollouts, when no request is in flight, so blocking the actor's loop costs nothing.
+    def set_weights(self, state_dict: dict, version: int) -> None:
+        self.engine.update_weights({name: torch.as_tensor(value) for name, value in state_dict.items()})
+        self.weight_version = version
+
+    def offload(self) -> None:
+        self.engine.offload()
+
+    def onload(self) -> None:
+        self.engine.onload()
