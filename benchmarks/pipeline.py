@@ -2,7 +2,8 @@
 simulated service times.
 
     python benchmarks/pipeline.py [--devices 8] [--rollout-devices 4] [--prompts 512] [--group-size 5]
-                                  [--max-turns 4] [--steps 3] [--modes sync,overlap,stream] [--set FIELD=VALUE ...]
+                                  [--max-turns 4] [--steps 3] [--modes sync,overlap,stream] [--agent-loop-workers 0]
+                                  [--set FIELD=VALUE ...]
 
 Each mode is a real training run (``runners/train_main.train``: Ray worker groups, the Search-R1 agent
 loops, the SearchTool group and its client, sharded reward ranks, the channel of finished groups, weight
@@ -83,6 +84,7 @@ def run_config(mode: str, work: Path, paths: dict, args) -> Path:
     cfg.algorithm.sampling_params.max_new_tokens = 500
     cfg.agentloop.update(max_turns=args.max_turns, max_tool_response_length=500, max_passage_tokens=150)
     cfg.tools.search.update(backend=f"{_SIM}:build_search_backend", topk=3, num_workers=2)
+    cfg.agentloop.num_workers = args.agent_loop_workers  # >= 1: engine servers behind the AgentLoop group's routers
     path = work / f"{mode}.yaml"
     OmegaConf.save(cfg, path)
     return path
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minibatches", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--agent-loop-workers", type=int, default=0,
+                        help="agentloop.num_workers: 0 runs the agent loops inside the rollout ranks")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a ServiceModel field (benchmarks/pipeline_sim.py), e.g. max_running_requests=128")
@@ -250,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print("note: time_scale speeds the simulation up, but not the runtime's own CPU work: it then weighs more")
     print(f"\n{args.devices} devices ({args.rollout_devices} engines in overlap/stream), {args.prompts} prompts x "
           f"{args.group_size}, up to {args.max_turns} tool turns, {args.minibatches} mini-batches, "
+          f"{args.agent_loop_workers} agent-loop ranks, "
           f"time scale {model.time_scale:g} (the table is in simulated seconds); model changes: {args.set or 'none'}")
     scaled = {m: {**r, **{k: r[k] * model.time_scale for k in ("step_s", "trajectory_p50_s", "trajectory_p99_s")}}
               for m, r in results.items()}
