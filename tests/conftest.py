@@ -1,4 +1,4 @@
-"""Shared fixtures: the bundled data, indexes built once per session, and a live retrieval server."""
+"""Shared fixtures: the bundled data, indexes built once per session, a live retrieval server and a Ray cluster."""
 
 from __future__ import annotations
 
@@ -55,3 +55,22 @@ def adam_steps(folder: Path, scratch: Path) -> set[int]:
     assert "optimizer" not in state, "fsdp keeps the optimizer as rank shards, not in training_state.pt"
     dcp_to_torch_save(folder / state["optimizer_shards"], scratch)
     return {int(s["step"]) for s in torch.load(scratch, weights_only=False)["optimizer"]["state"].values()}
+
+
+@pytest.fixture(scope="module")
+def hotpot_server(hotpot_index_dir, hotpot_corpus):
+    """A BM25 retrieval server over the HotpotQA corpus, on loopback, for one test module."""
+    from rlinf_search.retrieval.launch import RetrievalServerProcess
+
+    args = ["--index-dir", str(hotpot_index_dir), "--corpus", str(hotpot_corpus), "--retriever", "bm25"]
+    with RetrievalServerProcess(args) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def two_slot_cluster():
+    """An embedded Ray cluster of 2 CPU slots with the rollout on both, for one test module."""
+    from rlinf_search.scheduler import Cluster, ClusterConfig
+
+    with Cluster(ClusterConfig(cpu_slots_per_node=2, num_cpus=2, component_placement={"rollout": "0-1"})) as running:
+        yield running

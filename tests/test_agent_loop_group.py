@@ -13,8 +13,6 @@ import pytest
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.data.io_struct import GenerationOutput, QARecord, SamplingParams
-from rlinf_search.retrieval.launch import RetrievalServerProcess
-from rlinf_search.scheduler import Cluster, ClusterConfig
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.agent_loop_worker import AgentLoopWorker
 from rlinf_search.workers.rollout.config import RolloutConfig
@@ -70,19 +68,6 @@ def test_routed_turns_of_concurrent_trajectories_each_stay_on_one_engine():
         engine.update_weights({})
 
 
-@pytest.fixture(scope="module")
-def server(hotpot_index_dir, hotpot_corpus):
-    args = ["--index-dir", str(hotpot_index_dir), "--corpus", str(hotpot_corpus), "--retriever", "bm25"]
-    with RetrievalServerProcess(args) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(ClusterConfig(cpu_slots_per_node=2, num_cpus=2, component_placement={"rollout": "0-1"})) as running:
-        yield running
-
-
 def _records(n: int) -> list[QARecord]:
     return [QARecord(uid=f"q-{i}", prompt=[{"role": "user", "content": f"Question {i} about Lilu?"}],
                      golden_answers=["a spirit"], data_source="hotpotqa", question=f"Question {i}") for i in range(n)]
@@ -102,13 +87,14 @@ def _rollout(group, parts: list[list[QARecord]], samples: int) -> list:
     return [t for call in calls for t in call.wait(timeout=300)]
 
 
-def test_a_scripted_trajectory_finds_its_own_turns_only_on_its_own_engine(cluster, server, tiny_model_dir):
+def test_a_scripted_trajectory_finds_its_own_turns_only_on_its_own_engine(two_slot_cluster, hotpot_server,
+                                                                          tiny_model_dir):
     """A scripted engine replays turn n of a trajectory only to the engine that saw its turn 1 (another engine
     would take the continuation for a new prompt and search again): every trajectory searching once and then
     answering shows its turns stayed on one engine, through real Ray handles."""
     rollout = RolloutConfig(backend="tests.test_search_group:scripted_search_engine", model_path=str(tiny_model_dir))
-    search = SearchToolConfig(server_addr=server.address, topk=1)
-    engines, loops = _launch(cluster, rollout, AgentLoopConfig(max_turns=2, max_tokens_per_turn=16), search)
+    search = SearchToolConfig(server_addr=hotpot_server.address, topk=1)
+    engines, loops = _launch(two_slot_cluster, rollout, AgentLoopConfig(max_turns=2, max_tokens_per_turn=16), search)
     try:
         records = _records(8)
         trajectories = _rollout(loops, [records[:5], records[5:]], samples=1)  # uneven shares
@@ -124,21 +110,21 @@ def test_a_scripted_trajectory_finds_its_own_turns_only_on_its_own_engine(cluste
 
 
 @pytest.mark.heavy  # a minute: two groups of the tiny model on 2 cores
-def test_engine_servers_sample_what_inline_rollout_ranks_sample(cluster, server, tiny_model_dir):
+def test_engine_servers_sample_what_inline_rollout_ranks_sample(two_slot_cluster, hotpot_server, tiny_model_dir):
     """The tiny Qwen2 through the hf engine: agent-loop ranks sending turns to engine servers give the very
     trajectories inline rollout ranks give (same shares, same per-request seeds), and weights reach the servers."""
     rollout = RolloutConfig(backend="hf", model_path=str(tiny_model_dir))
     loop = AgentLoopConfig(max_turns=2, max_tokens_per_turn=12)
-    search = SearchToolConfig(server_addr=server.address, topk=1)
+    search = SearchToolConfig(server_addr=hotpot_server.address, topk=1)
     records = _records(3)
     parts = [records[:2], records[2:]]
-    inline = RolloutWorker.create_group(rollout, loop, search, 0).launch(cluster, cluster.placement["rollout"],
-                                                                          name="InlineRollout")
+    inline = RolloutWorker.create_group(rollout, loop, search, 0).launch(
+        two_slot_cluster, two_slot_cluster.placement["rollout"], name="InlineRollout")
     try:
         expected = _rollout(inline, parts, samples=2)
     finally:
         inline.shutdown()
-    engines, loops = _launch(cluster, rollout, loop, search)
+    engines, loops = _launch(two_slot_cluster, rollout, loop, search)
     try:
         got = _rollout(loops, parts, samples=2)
         assert [t.response_ids for t in got] == [t.response_ids for t in expected]
@@ -160,4 +146,5 @@ def test_engine_servers_sample_what_inline_rollout_ranks_sample(cluster, server,
 def _weights(model_dir) -> dict:
     from transformers import AutoModelForCausalLM
 
-    return {name: value.detach().clone() for name, value in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}

@@ -1,4 +1,4 @@
-"""The SearchTool group: one search client for the whole cluster, called by agent loops in other processes
+"""The SearchTool group: one search client for the whole two_slot_cluster, called by agent loops in other processes
 through a real Ray cluster and a real retrieval server."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import ray
 
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord
-from rlinf_search.retrieval.launch import RetrievalServerProcess
-from rlinf_search.scheduler import Cluster, ClusterConfig, Worker
+from rlinf_search.scheduler import Worker
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
 from rlinf_search.workers.tool.launch import host_placement
@@ -63,24 +62,13 @@ def test_ranks_share_the_limits():
         SearchToolConfig(num_workers=-1)
 
 
-@pytest.fixture(scope="module")
-def server(hotpot_index_dir, hotpot_corpus):
-    args = ["--index-dir", str(hotpot_index_dir), "--corpus", str(hotpot_corpus), "--retriever", "bm25"]
-    with RetrievalServerProcess(args) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(ClusterConfig(cpu_slots_per_node=2, num_cpus=2, component_placement={"rollout": "0-1"})) as running:
-        yield running
-
-
-def test_two_callers_share_one_cache_and_the_agent_loop_searches_through_it(cluster, server, tiny_model_dir):
-    config = SearchToolConfig(server_addr=server.address, topk=2, num_workers=2)
-    tools = SearchToolWorker.create_group(config).launch(cluster, host_placement("SearchToolGroup", 2),
+def test_two_callers_share_one_cache_and_the_agent_loop_searches_through_it(two_slot_cluster, hotpot_server,
+                                                                            tiny_model_dir):
+    config = SearchToolConfig(server_addr=hotpot_server.address, topk=2, num_workers=2)
+    tools = SearchToolWorker.create_group(config).launch(two_slot_cluster, host_placement("SearchToolGroup", 2),
                                                          name="SearchToolGroup")
-    callers = SearchCaller.create_group().launch(cluster, cluster.placement["rollout"], name="callers")
+    callers = SearchCaller.create_group().launch(two_slot_cluster, two_slot_cluster.placement["rollout"],
+                                                 name="callers")
     try:
         actors = list(tools.actors)
         # Both caller processes search the same queries at once: each query is sent to the server once.
@@ -128,20 +116,22 @@ def scripted_search_engine(config, *, device=None, seed=0):
                           ["<search> Lilu demon </search>", "<answer> a spirit </answer>"])
 
 
-def test_a_run_searches_through_the_group(cluster, server, tiny_model_dir):
+def test_a_run_searches_through_the_group(two_slot_cluster, hotpot_server, tiny_model_dir):
     """The path a run takes: ``launch_search_group`` hands the group to real rollout ranks, whose agent loops
     (one process each) then search through it: 4 trajectories on 2 ranks, one request to the server."""
     from rlinf_search.workers.rollout.config import RolloutConfig
     from rlinf_search.workers.rollout.worker import RolloutWorker
     from rlinf_search.workers.tool.launch import launch_search_group
 
-    search = SearchToolConfig(server_addr=server.address, topk=1, num_workers=1)
+    search = SearchToolConfig(server_addr=hotpot_server.address, topk=1, num_workers=1)
     engine = RolloutConfig(backend="tests.test_search_group:scripted_search_engine", model_path=str(tiny_model_dir))
     rollout = RolloutWorker.create_group(engine, AgentLoopConfig(max_turns=2, max_tokens_per_turn=16), search,
-                                         0).launch(cluster, cluster.placement["rollout"], name="RolloutGroup")
+                                         0).launch(two_slot_cluster, two_slot_cluster.placement["rollout"],
+                                                   name="RolloutGroup")
     try:
-        assert launch_search_group(SearchToolConfig(server_addr=server.address), cluster, rollout) is None
-        tools = launch_search_group(search, cluster, rollout)
+        unused = SearchToolConfig(server_addr=hotpot_server.address)  # num_workers 0: no group
+        assert launch_search_group(unused, two_slot_cluster, rollout) is None
+        tools = launch_search_group(search, two_slot_cluster, rollout)
         assert tools is not None and tools.world_size == 1
         records = [QARecord(uid=f"q-{i}", prompt=[{"role": "user", "content": f"Question {i} about Lilu?"}],
                             golden_answers=["a spirit"], data_source="hotpotqa", question=f"Question {i}")
