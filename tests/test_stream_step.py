@@ -76,6 +76,16 @@ def test_a_pipeline_the_run_cannot_have_is_refused_at_start_up(tmp_path, synth, 
     assert "\n" not in str(caught.value)
 
 
+def test_the_agent_loop_group_size_is_read_and_a_negative_one_refused(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
+    assert validate_cfg(_stream_config(tmp_path, synth, server, tiny_model_dir)).agent_loop_workers == 0
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{"agentloop.num_workers": 2})
+    assert validate_cfg(cfg).agent_loop_workers == 2
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{"agentloop.num_workers": -1})
+    with pytest.raises(ConfigError, match="agentloop.num_workers") as caught:
+        validate_cfg(cfg)
+    assert "\n" not in str(caught.value)
+
+
 def test_the_placement_decides_when_pipeline_is_unset(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
     cfg = _config(tmp_path, synth, server, tiny_model_dir)
     assert validate_cfg(cfg).runner.pipeline == "sync"

@@ -289,6 +289,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     sampling = sampling_params(raw)
     rollout = rollout_config(raw, sampling, recompute=recompute)
     search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
+    agent_loop_workers = get_int(raw, "agentloop.num_workers", RunConfig.agent_loop_workers, minimum=0)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, TRAINING_COMPONENTS, run="a training run")
     train_paths = data_paths(raw, "data.train_data_paths", required=True)
@@ -313,7 +314,8 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         val_data_paths=val_paths, rollout_batch_size=batch, group_size=group_size, adv_type=adv_type,
         recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", RunConfig.shuffle),
         inference=inference, logprobs=logprobs,
-        seed=seed, agent_loop_workers=get_int(raw, "agentloop.num_workers", RunConfig.agent_loop_workers, minimum=0), prompt_limit=limit, reward=reward_config(raw), actor_group=groups["actor"],
+        seed=seed, agent_loop_workers=agent_loop_workers, prompt_limit=limit, reward=reward_config(raw),
+        actor_group=groups["actor"],
         rollout_group=groups["rollout"], reward_group=groups["reward"],
         normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),
         gamma=get_float(raw, "algorithm.gamma", RunConfig.gamma), lam=get_float(raw, "algorithm.lam", RunConfig.lam),
