@@ -90,7 +90,8 @@ def run_config(mode: str, work: Path, paths: dict, args) -> Path:
     return path
 
 
-def run_mode(mode: str, work: Path, paths: dict, args, env: dict) -> dict:
+def run_mode(mode: str, work: Path, paths: dict, args, env: dict) -> tuple[dict, list[dict]]:
+    """The mode's summary and its trace (every busy interval the simulated components logged)."""
     shutil.rmtree(work / mode, ignore_errors=True)  # metrics.jsonl appends: a rerun starts clean
     config = run_config(mode, work, paths, args)
     print(f"running {mode} ({args.steps} steps)...", flush=True)
@@ -98,7 +99,8 @@ def run_mode(mode: str, work: Path, paths: dict, args, env: dict) -> dict:
         subprocess.run([sys.executable, "-c", _TRAIN, str(config)], check=True, cwd=ROOT, stdout=log,
                        stderr=subprocess.STDOUT, env=env)
     rows = [json.loads(line) for line in (work / mode / "logs" / "metrics.jsonl").read_text().splitlines()]
-    return summarise(rows, read_trace(Path(env[SETTINGS_ENV]).parent / f"trace-{mode}"))
+    trace = read_trace(work / f"trace-{mode}")
+    return summarise(rows, trace), trace
 
 
 def read_trace(folder: Path) -> list[dict]:
@@ -247,9 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = write_settings(work / "settings.json",
                                   Settings(model=model, trace_dir=str(trace_dir)))
         env = {**os.environ, SETTINGS_ENV: str(settings)}
-        results[mode] = run_mode(mode, work, paths, args, env)
+        results[mode], traces[mode] = run_mode(mode, work, paths, args, env)
         results[mode]["idle_gpus"] = gpu_idle(mode, results[mode], args.devices, args.rollout_devices)
-        traces[mode] = read_trace(trace_dir)
     if model.time_scale != 1:
         print("note: time_scale speeds the simulation up, but not the runtime's own CPU work: it then weighs more")
     print(f"\n{args.devices} devices ({args.rollout_devices} engines in overlap/stream), {args.prompts} prompts x "

@@ -24,7 +24,7 @@ from rlinf_search.retrieval.build_index import main as build_index
 from rlinf_search.retrieval.launch import RetrievalServerProcess
 from rlinf_search.scheduler import Cluster, ClusterConfig, Worker
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
-from rlinf_search.workers.tool.launch import host_placement
+from rlinf_search.scheduler.placement import host_placement
 from rlinf_search.workers.tool.remote import GroupSearchTool
 from rlinf_search.workers.tool.worker import SearchToolWorker
 

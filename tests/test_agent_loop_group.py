@@ -19,7 +19,7 @@ from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.router import EngineRouter, RoutedEngine, RouteSession, routed_trajectory
 from rlinf_search.workers.rollout.server import EngineServerWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
-from rlinf_search.workers.tool.launch import host_placement
+from rlinf_search.scheduler.placement import host_placement
 
 
 def test_a_trajectory_stays_on_its_engine_and_new_ones_go_to_the_least_loaded():

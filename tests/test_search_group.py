@@ -13,7 +13,7 @@ from rlinf_search.data.io_struct import QARecord
 from rlinf_search.scheduler import Worker
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
-from rlinf_search.workers.tool.launch import host_placement
+from rlinf_search.scheduler.placement import host_placement
 from rlinf_search.workers.tool.remote import GroupSearchTool, tool_rank
 from rlinf_search.workers.tool.worker import SearchToolWorker, rank_share
 

@@ -25,7 +25,8 @@ from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.agent_loop_worker import AGENT_LOOP_GROUP, AgentLoopWorker
 from rlinf_search.workers.rollout.server import EngineServerWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
-from rlinf_search.workers.tool.launch import host_placement, launch_search_group
+from rlinf_search.scheduler.placement import host_placement
+from rlinf_search.workers.tool.launch import launch_search_group
 
 
 def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> Groups:

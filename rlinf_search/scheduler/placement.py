@@ -120,6 +120,14 @@ class Placement:
         return self.components[name]
 
 
+def host_placement(name: str, world_size: int) -> ComponentPlacement:
+    """``world_size`` ranks on the first node's first slot: workers that use no device (the SearchTool and
+    AgentLoop groups wait on the network or on other groups) and belong beside the driver."""
+    ranks = tuple(RankPlacement(rank=r, node_rank=0, device=0, local_rank=r, local_world_size=world_size)
+                  for r in range(world_size))
+    return ComponentPlacement(name=name, ranks=ranks, devices=(0,) * world_size)
+
+
 def validate_placement(placement_cfg: Mapping[str, Any], mode: str | None = None,
                        backends: Mapping[str, str] | None = None, *, topology: Topology,
                        known_components: Collection[str] | None = None) -> Placement:

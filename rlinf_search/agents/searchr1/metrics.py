@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from rlinf_search.data.io_struct import Trajectory
+from rlinf_search.tools.search.metrics import percentile
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
@@ -16,6 +16,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         return {}
     searches = sum(t.num_searches for t in trajectories)
     model_tokens = sum(sum(t.response_mask) for t in trajectories)
+    times = sorted(t.total_time_s for t in trajectories)
     metrics = {
         "rollout/trajectories": float(n),
         "rollout/searches_per_trajectory": searches / n,
@@ -27,15 +28,10 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/generation_time_s": sum(t.generation_time_s for t in trajectories) / n,
         "rollout/tool_time_s": sum(t.tool_time_s for t in trajectories) / n,
         # The tail that holds a step back: how much longer the slowest trajectories take than the typical one.
-        "rollout/trajectory_s_p50": _quantile([t.total_time_s for t in trajectories], 0.5),
-        "rollout/trajectory_s_p99": _quantile([t.total_time_s for t in trajectories], 0.99),
+        "rollout/trajectory_s_p50": percentile(times, 50),
+        "rollout/trajectory_s_p99": percentile(times, 99),
     }
     for reason, count in Counter(t.finish_reason for t in trajectories).items():
         metrics[f"rollout/finish_{reason}"] = count / n
     return metrics
 
-
-def _quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` (nearest rank)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 _LATENCY_WINDOW = 10_000
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
+def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted list (0 for an empty one)."""
     if not sorted_values:
         return 0.0
@@ -66,5 +66,5 @@ class SearchMetrics:
             "failures": self.failures,
             "retries": self.retries,
             "latency_ms_mean": round(mean_ms, 3),
-            **{f"latency_ms_p{q}": round(1000.0 * _percentile(latencies, q), 3) for q in (50, 90, 99)},
+            **{f"latency_ms_p{q}": round(1000.0 * percentile(latencies, q), 3) for q in (50, 90, 99)},
         }

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 from rlinf_search.scheduler import Cluster, WorkerGroup
-from rlinf_search.scheduler.placement import ComponentPlacement, RankPlacement
+from rlinf_search.scheduler.placement import host_placement
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.worker import RolloutWorker
 from rlinf_search.workers.tool.worker import SearchToolWorker
-
-
-def host_placement(name: str, world_size: int) -> ComponentPlacement:
-    """``world_size`` ranks on the first node's first slot: workers that use no device (they wait on the
-    network) and belong beside the driver, where the retrieval server usually runs."""
-    ranks = tuple(RankPlacement(rank=r, node_rank=0, device=0, local_rank=r, local_world_size=world_size)
-                  for r in range(world_size))
-    return ComponentPlacement(name=name, ranks=ranks, devices=(0,) * world_size)
 
 
 def launch_search_group(search: SearchToolConfig, cluster: Cluster, rollout: WorkerGroup, *,
