@@ -1,0 +1,78 @@
+"""The stages of a training step, each built once from its own part of the run's config or left out.
+
+``SearchR1Runner.train_step`` is a short recipe over them::
+
+    rollout source -> [teacher, reward, log-probs, values, advantages] -> update -> weight sync
+
+The rollout source hands on finished GRPO groups in batches (``FinishedGroup``): the whole step at once in
+``sync`` and ``overlap``, a mini-batch of groups at a time off the run's channel in ``stream``. Everything after
+it sees only such batches, so the three pipelines share every pass. Who computes the old and reference
+log-probs, and which groups receive the weights, is the run's ``LogprobPlan`` (``config.logprobs``), decided
+once at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlinf_search.config import RunConfig
+from rlinf_search.data.io_struct import Trajectory
+from rlinf_search.data.prompt_stream import PromptStream
+from rlinf_search.distill.scorer import open_teacher
+from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.stages.passes import AdvantageStage, LogprobStage, RewardStage, ValueStage
+from rlinf_search.runners.stages.prepare import BatchPreparation, PreparedBatch
+from rlinf_search.runners.stages.rollout_source import (
+    CollocatedRollout,
+    PrefetchedRollout,
+    StepRollout,
+    StreamedRollout,
+    engine_rollout,
+)
+from rlinf_search.runners.stages.update import Trained, UpdateStage, WeightSyncStage
+from rlinf_search.scheduler import WeightSync
+
+__all__ = ["AdvantageStage", "BatchPreparation", "CollocatedRollout", "LogprobStage", "PrefetchedRollout",
+           "PreparedBatch", "RewardStage", "StepRollout", "StepStages", "StreamedRollout", "Trained", "UpdateStage",
+           "ValueStage", "WeightSyncStage", "build_stages", "engine_rollout"]
+
+
+@dataclass
+class StepStages:
+    """A run's stages, in the order a step runs them."""
+
+    source: CollocatedRollout
+    """Where the step's groups come from (``runner.pipeline``): a ``CollocatedRollout`` or one of its kin."""
+    prepare: BatchPreparation
+    """Teacher (``algorithm.distill``), reward, log-probs (``config.logprobs``), values (``critic``), advantages."""
+    update: UpdateStage
+    """The actor's (and critic's) update: the whole step, or each mini-batch as it is prepared (``stream``)."""
+    weights: WeightSyncStage
+    """The weights to ``config.logprobs.weight_receivers``: after the update, or held back (``overlap``)."""
+
+    def close(self) -> None:
+        self.source.close()
+        if self.prepare.teacher is not None:
+            self.prepare.teacher.close()
+
+
+def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weight_sync: WeightSync, *,
+                 restored: list[Trajectory] | None = None) -> StepStages:
+    """The run's stages; ``prompts`` already at the run's data position; ``restored``: a pipelined run's next
+    rollout from its checkpoint."""
+    pipeline = config.runner.pipeline
+    weights = WeightSyncStage(weight_sync, deferred=pipeline == "overlap")
+    if pipeline == "overlap":
+        source = PrefetchedRollout(groups, prompts, config.group_size, weights=weights, restored=restored)
+    elif pipeline == "stream":
+        source = StreamedRollout(groups, prompts, config.group_size,
+                                 groups_per_batch=config.rollout_batch_size // config.actor.n_minibatches)
+    else:
+        # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
+        shared = set(groups.engine_group.placement.devices) & set(groups.actor.placement.devices)
+        source = CollocatedRollout(groups, prompts, config.group_size, offload=bool(shared))
+    teacher = open_teacher(config.distill, student_model=config.rollout.model_path) if config.distill else None
+    prepare = BatchPreparation(reward=RewardStage(groups.reward), logprobs=LogprobStage(config.logprobs, groups),
+                               values=ValueStage.build(config, groups), advantages=AdvantageStage.build(config),
+                               teacher=teacher)
+    return StepStages(source=source, prepare=prepare, update=UpdateStage.build(config, groups), weights=weights)

@@ -1,0 +1,100 @@
+"""The two stages after a batch is prepared: the update (actor, and critic when there is one) and the weight
+sync to the groups that follow the actor (``LogprobPlan.weight_receivers``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinf_search.config import RunConfig
+from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.data.rank_plan import mean_by_key
+from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.step_metrics import StepTimer
+from rlinf_search.scheduler import GroupCall, WeightSync, wait_all
+from rlinf_search.workers.actor.worker import ActorWorker
+from rlinf_search.workers.critic.worker import CriticWorker
+
+
+@dataclass
+class Trained:
+    """What one step's updates report."""
+
+    actor: list[dict[str, float]] = field(default_factory=list)
+    """Per actor rank (empty while the critic warms up): its metrics, averaged over the step's mini-batch calls."""
+    critic: list[dict[str, float]] = field(default_factory=list)
+    """Per critic rank; empty without a critic."""
+
+
+class UpdateStage:
+    """Trains the actor (and critic) on prepared batches.
+
+    ``per_minibatch`` false: a batch is the whole step; the actor splits it into its ``n_minibatches`` (and
+    ``ppo_epochs``) itself, the critic trains at the same time in its own processes, and ``submit`` returns
+    when both are done. True (``stream``): a batch is one mini-batch of groups and gets one optimizer step;
+    ``submit`` returns at once so the next groups are prepared while the actor trains, and ``finish`` waits.
+    """
+
+    def __init__(self, groups: Groups, *, critic_warmup_steps: int | None, per_minibatch: bool):
+        """``critic_warmup_steps``: steps during which only the critic trains; None without a critic."""
+        self.groups, self.per_minibatch = groups, per_minibatch
+        self.critic_warmup_steps = critic_warmup_steps
+        self._calls: list[GroupCall] = []
+        self._trained = Trained()
+
+    @classmethod
+    def build(cls, config: RunConfig, groups: Groups) -> UpdateStage:
+        warmup = config.critic.warmup_steps if config.critic is not None else None
+        return cls(groups, critic_warmup_steps=warmup, per_minibatch=config.runner.pipeline == "stream")
+
+    def submit(self, batch: RolloutBatch, timer: StepTimer, *, completed_steps: int) -> None:
+        """Train on ``batch``; ``completed_steps``: steps trained before this one (the critic's warm-up)."""
+        if self.per_minibatch:
+            self._calls.append(self.groups.actor.call(ActorWorker.train_minibatch, batch))
+            return
+        with timer.phase("training"):
+            critic = self.critic_warmup_steps is not None
+            train_actor = not critic or completed_steps >= self.critic_warmup_steps
+            # Every rank gets the whole batch (put in the object store once) and trains on its share of it.
+            calls = [self.groups.actor.call(ActorWorker.train, batch)] if train_actor else []
+            calls += [self.groups.critic.call(CriticWorker.train, batch)] if critic else []
+            results = wait_all(calls)
+        self._trained = Trained(actor=results[0] if train_actor else [], critic=results[-1] if critic else [])
+
+    def finish(self) -> Trained:
+        """The step's update metrics, once every update it was given is done."""
+        if self.per_minibatch:
+            per_call = wait_all(self._calls)  # [mini-batch][rank]
+            self._trained = Trained(actor=[mean_by_key([call[rank] for call in per_call])
+                                           for rank in range(len(per_call[0]))])
+        trained, self._trained, self._calls = self._trained, Trained(), []
+        return trained
+
+
+class WeightSyncStage:
+    """The actor's weights to the engines (and the InferenceGroup's policy copy) after each step's update.
+
+    ``deferred`` (``overlap``): the next step's rollout is already running on the old weights, so the new ones
+    go out when the rollout source has collected it (``flush``), not at once.
+    """
+
+    def __init__(self, weight_sync: WeightSync, *, deferred: bool):
+        self.weight_sync, self.deferred = weight_sync, deferred
+        self._unsynced: int | None = None
+
+    def after_update(self, version: int, timer: StepTimer) -> None:
+        if self.deferred:
+            self._unsynced = version
+            return
+        with timer.phase("weight_sync"):
+            self.weight_sync.sync(version=version)
+
+    def flush(self, timer: StepTimer | None = None) -> None:
+        """Send the newest weights now if an update has not gone out yet."""
+        if self._unsynced is None:
+            return
+        if timer is None:
+            self.weight_sync.sync(version=self._unsynced)
+        else:
+            with timer.phase("weight_sync"):
+                self.weight_sync.sync(version=self._unsynced)
+        self._unsynced = None
