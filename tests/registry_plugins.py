@@ -85,3 +85,51 @@ class NeedsGpuTrainer:
     needs_cuda = True
     requires = ("no_such_mod",)
     install_hint = "pip install no-such-mod"
+
+
+class ToolCallingEngine:
+    """A rollout engine that calls the search tool once with the prompt's question, then answers with the first
+    retrieved title, each turn ended by the end token: the ``toolcall`` protocol through the whole runner
+    without a model that has learnt to call. Stateless, so every sample of a group does the same."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.weight_version = 0
+
+    async def generate(self, prompt_ids, sampling):
+        import json
+        import re
+
+        from rlinf_search.data.io_struct import GenerationOutput
+
+        text = self.tokenizer.decode(prompt_ids)
+        if "<tool_response>" not in text:
+            user = text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>")[0]
+            question = user.strip().splitlines()[-1].removeprefix("Question:").strip()
+            turn = "<tool_call>\n" + json.dumps({"name": "search", "arguments": {"query_list": [question]}}) + "\n</tool_call>"
+        else:
+            title = re.search(r"Doc 1\(Title: ([^)]*)\)", text.rsplit("<tool_response>", 1)[-1])
+            turn = f"<answer> {title.group(1) if title else 'unknown'} </answer>"
+        ids = self.tokenizer.encode(turn, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        ids = ids[:sampling.max_new_tokens]
+        finish = "eos" if ids[-1] == self.tokenizer.eos_token_id else "length"
+        return GenerationOutput(ids, [-0.5] * len(ids), finish, None)
+
+    def update_weights(self, state_dict) -> None:
+        self.weight_version += 1
+
+    def offload(self) -> None:
+        pass
+
+    def onload(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def tool_calling_engine(config, *, device=None, seed=0):
+    """``rollout.rollout_backend`` factory of ``ToolCallingEngine`` over the tokenizer at ``rollout.model.model_path``."""
+    from transformers import AutoTokenizer
+
+    return ToolCallingEngine(AutoTokenizer.from_pretrained(config.model_path))

@@ -27,6 +27,7 @@ from rlinf_search.config.sections import (
     reward_config,
     rollout_config,
     sampling_params,
+    with_offered_tools,
 )
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.scheduler.config import ClusterConfig
@@ -40,6 +41,7 @@ EVAL_SCHEMA = {
     "cluster": "*",
     "runner": {"experiment_name": None, "output_dir": None, "seq_length": None},
     "algorithm": {"group_size": None, "sampling_params": SCHEMA["algorithm"]["sampling_params"]},
+    "agent": SCHEMA["agent"],
     "agentloop": SCHEMA["agentloop"],
     "tools": SCHEMA["tools"],
     "rollout": SCHEMA["rollout"],
@@ -97,6 +99,7 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
     rollout = rollout_config(raw, sampling, recompute=True)
     search, loop = agent_loop(raw, sampling, limit=limit, seq_length=seq_length(raw))
+    limit = with_offered_tools(limit, loop)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
     groups = group_names(raw, ("rollout", "reward"))

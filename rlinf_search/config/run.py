@@ -29,6 +29,7 @@ from rlinf_search.config.sections import (
     reward_config,
     rollout_config,
     sampling_params,
+    with_offered_tools,
 )
 from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config, forward_rows
 from rlinf_search.data.prepare import count_records
@@ -289,6 +290,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     sampling = sampling_params(raw)
     rollout = rollout_config(raw, sampling, recompute=recompute)
     search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
+    limit = with_offered_tools(limit, loop)
     agent_loop_workers = get_int(raw, "agentloop.num_workers", RunConfig.agent_loop_workers, minimum=0)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, TRAINING_COMPONENTS, run="a training run")

@@ -7,9 +7,14 @@ default is the field default of that view (``AgentLoopConfig.max_turns``), writt
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from pathlib import Path
 
+from rlinf_search.agents import AGENT_PROTOCOLS
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.toolcall.search_function import SearchFunction
+from rlinf_search.agents.toolcall.tool_config import ToolConfigError, read_tool_config
 from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_precision, get_registered
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.io_struct import SamplingParams
@@ -26,6 +31,8 @@ from rlinf_search.workers.rollout.config import VLLM_ONLY_KEYS, RolloutConfig
 COMPONENTS = frozenset({"actor", "rollout", "reward", "inference"})
 # The one reward family (``reward.score`` picks the variant).
 REWARD_TYPES = ("searchr1",)
+
+log = logging.getLogger(__name__)
 
 
 def sampling_params(raw: dict) -> SamplingParams:
@@ -101,10 +108,19 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
     section = get(raw, "tools.search", {})
     if not isinstance(section, dict):
         raise ConfigError(f"tools.search: expected a section of keys, got {type(section).__name__}")
+    section, tool_schema = _with_tool_config(section)
     try:
         search = SearchToolConfig.from_dict(section)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    protocol = get(raw, "agent.protocol", AgentLoopConfig.protocol)
+    try:
+        AGENT_PROTOCOLS.resolve(protocol, key="agent.protocol")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if protocol == "toolcall" and not limit.apply_chat_template:
+        raise ConfigError("agent.protocol: toolcall renders the tool schema through the chat template; it needs "
+                          "data.apply_chat_template: true")
     try:
         return search, AgentLoopConfig(
             max_turns=get_int(raw, "agentloop.max_turns", AgentLoopConfig.max_turns, minimum=0),
@@ -115,9 +131,35 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
                                        minimum=1),
             max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk, retokenize=retokenize(raw),
             apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
-            truncation=limit.truncation, sampling=sampling)
+            truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def with_offered_tools(limit: PromptLimit, loop: AgentLoopConfig) -> PromptLimit:
+    """``limit`` measuring prompts with the tool schema the ``toolcall`` loop renders into them."""
+    if loop.protocol != "toolcall":
+        return limit
+    return replace(limit, tools=(SearchFunction.from_schema(loop.tool_schema).schema,))
+
+
+def _with_tool_config(section: dict) -> tuple[dict, dict | None]:
+    """``tools.search`` with what ``tools.search.tool_config`` (a verl tool config or an rllm schema file) sets
+    applied over it, and the search function's schema from that file (None without one). The file wins: it is
+    what the run was pointed at; each key it changes is logged."""
+    section = dict(section)
+    path = section.get("tool_config")
+    if not path:
+        return section, None
+    try:
+        found = read_tool_config(path)
+    except ToolConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    for key, value in found.search_settings.items():
+        if section.get(key) not in (None, value):
+            log.info("tools.search.%s: %r from %s replaces %r", key, value, path, section[key])
+        section[key] = value
+    return section, found.function.schema
 
 
 def cluster_placement(raw: dict, rollout_backend: str) -> tuple[ClusterConfig, Placement]:

@@ -65,7 +65,7 @@ class GenerationOutput:
     """Which stop string ended the generation, when ``finish_reason == "stop"``."""
 
 
-SPAN_KINDS = ("model", "information", "correction")
+SPAN_KINDS = ("model", "information", "correction", "tool")
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,12 @@ class Trajectory:
     """``answer``, ``eos``, ``max_turns``, ``max_response_tokens`` or ``length``."""
     drifted: bool = False
     """Re-tokenizing the decoded text would give other ids than the sampled ones (measured either way)."""
+    tool_call_errors: int = 0
+    """Tool calls the model wrote that could not run (``toolcall`` protocol: bad JSON, an unknown tool, missing
+    arguments); each got an error message as its tool response."""
+    template_drift: bool = False
+    """``toolcall``: re-rendering the conversation as chat messages through the template gives other ids than
+    the trajectory's (what a pipeline that re-tokenizes messages would train on; measured, never used)."""
     data_source: str = ""
     """Copied from the prompt's record, for per-source metrics."""
     golden_answers: list[str] = field(default_factory=list)

@@ -27,6 +27,9 @@ class PromptLimit:
     """``data.truncation``: what the agent loop does with an overlong prompt that was not dropped."""
     apply_chat_template: bool = True
     """``data.apply_chat_template``: how chat prompts are tokenized (as the agent loop does)."""
+    tools: tuple[dict, ...] | None = None
+    """Tool schemas the chat template renders into every prompt (``agent.protocol: toolcall``), so the limit
+    measures what the engine is given; None: no tools."""
 
     def __post_init__(self) -> None:
         if self.max_prompt_tokens < 1:
@@ -42,9 +45,11 @@ class PromptTokenizer:
     """Templates a record's prompt and applies the prompt limit."""
 
     def __init__(self, tokenizer, *, apply_chat_template: bool = True, max_prompt_tokens: int | None = None,
-                 truncation: str = "error"):
+                 truncation: str = "error", tools: list[dict] | None = None):
+        """``tools``: OpenAI tool schemas the chat template renders into the prompt (function calling)."""
         self.check_truncation(truncation)
         self.tokenizer = tokenizer
+        self.tools = tools
         self.apply_chat_template = apply_chat_template
         self.max_prompt_tokens = max_prompt_tokens
         self.truncation = truncation
@@ -62,7 +67,8 @@ class PromptTokenizer:
         if not self.apply_chat_template:
             text = "\n\n".join(message["content"] for message in record.prompt)
             return self.tokenizer.encode(text, add_special_tokens=False)
-        encoded = self.tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True)
+        tools = {"tools": self.tools} if self.tools else {}  # only function-calling runs ask the template for it
+        encoded = self.tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True, **tools)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     def limited_ids(self, record: QARecord) -> list[int]:

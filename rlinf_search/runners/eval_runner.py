@@ -16,7 +16,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents import build_agent_loop
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.agents.searchr1.metrics import rollout_metrics
 from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
 from rlinf_search.data.prepare import load_records
@@ -78,7 +79,7 @@ async def rollouts(model_path: str, records: list[QARecord], tool_config: Search
     engine = HFGenerationEngine(HFEngineConfig(model_path))
     tool = build_search_tool(tool_config)
     try:
-        return await SearchR1AgentLoop(engine, tool, engine.tokenizer, loop_config).run_batch(records, seed=seed)
+        return await build_agent_loop(engine, tool, engine.tokenizer, loop_config).run_batch(records, seed=seed)
     finally:
         await tool.aclose()
         await engine.aclose()

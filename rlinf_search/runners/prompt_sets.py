@@ -32,7 +32,8 @@ class PromptSet:
 def limit_prompts(records: list[QARecord], tokenizer, limit: PromptLimit, *, split: str) -> PromptSet:
     """Apply ``limit`` to ``records``; raises ``PromptTooLong`` (naming the uid) on the first overlong
     prompt when it is neither dropped nor truncated."""
-    prompts = PromptTokenizer(tokenizer, apply_chat_template=limit.apply_chat_template)
+    prompts = PromptTokenizer(tokenizer, apply_chat_template=limit.apply_chat_template,
+                              tools=list(limit.tools) if limit.tools else None)
     kept, dropped, truncated = [], [], []
     for record in records:
         length = len(prompts.ids(record))

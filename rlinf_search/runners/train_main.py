@@ -17,6 +17,7 @@ from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import find_resume_point
 from rlinf_search.runners.train_runner import SearchR1Runner
 from rlinf_search.scheduler import Cluster, WorkerError, WorkerGroup
+from rlinf_search.scheduler.placement import host_placement
 from rlinf_search.workers.actor.backends import require_training_backend
 from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.worker import CriticWorker
@@ -25,7 +26,6 @@ from rlinf_search.workers.reward.worker import RewardWorker
 from rlinf_search.workers.rollout.agent_loop_worker import AGENT_LOOP_GROUP, AgentLoopWorker
 from rlinf_search.workers.rollout.server import EngineServerWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
-from rlinf_search.scheduler.placement import host_placement
 from rlinf_search.workers.tool.launch import launch_search_group
 
 

@@ -71,6 +71,12 @@ class AgentLoopConfig:
     truncation: str = "error"
     """``data.truncation``: ``error`` (refuse an overlong prompt, naming its uid), ``left`` (keep its end)
     or ``right`` (keep its start)."""
+    protocol: str = "searchr1"
+    """``agent.protocol``: how the model acts, a name in ``rlinf_search.agents.AGENT_PROTOCOLS`` (``searchr1``:
+    the ``<search>``/``<answer>`` tags; ``toolcall``: function calling through the chat template) or a dotted
+    path to an agent-loop class."""
+    tool_schema: dict | None = None
+    """``toolcall``: the search tool's OpenAI schema (``tools.search.tool_config``); None: the built-in one."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_per_turn", "max_obs_tokens", "max_passage_tokens", "max_response_tokens",
@@ -105,6 +111,8 @@ class _Rollout:
     tool_turns: int = 0
     action: Action | None = None
     done: bool = False
+    messages: list[dict] | None = None
+    """The conversation as chat messages, kept by protocols that measure the template's re-rendering."""
 
 
 @dataclass
@@ -118,6 +126,9 @@ class _Turn:
 
 class SearchR1AgentLoop:
     """Runs Search-R1 rollouts against a generation engine and a search tool."""
+
+    stops: tuple[str, ...] = STOPS
+    """Stop strings of every turn (a protocol whose turns end at the model's end token has none)."""
 
     def __init__(self, engine: GenerationEngine, tool: SearchTool, tokenizer, config: AgentLoopConfig):
         self.engine, self.tool, self.tokenizer, self.config = engine, tool, tokenizer, config
@@ -204,10 +215,14 @@ class SearchR1AgentLoop:
         turn = await self._generate_turn(traj, budget, seed)
         self._append(traj, turn.ids, turn.logprobs, kind="model")
         traj.drifted = traj.drifted or turn.drifted
-        rollout.action = parse_action(turn.text)
-        finish = _finish_reason(rollout.action.kind, turn.finish_reason, search_allowed)
+        finish = self._read_turn(rollout, turn, search_allowed)
         if finish:
             traj.finish_reason, rollout.done = finish, True
+
+    def _read_turn(self, rollout: _Rollout, turn: _Turn, search_allowed: bool) -> str | None:
+        """Set ``rollout.action`` from the turn; the finish reason when the trajectory ends here, else None."""
+        rollout.action = parse_action(turn.text)
+        return _finish_reason(rollout.action.kind, turn.finish_reason, search_allowed)
 
     async def _observe_step(self, rollout: _Rollout) -> None:
         """Run the pending action's tool call (or the correction) and append the observation."""
@@ -218,15 +233,17 @@ class SearchR1AgentLoop:
 
     async def _generate_turn(self, traj: Trajectory, budget: int, seed: int | None) -> _Turn:
         sampling = replace(self.config.sampling, max_new_tokens=min(self.config.max_tokens_per_turn, budget),
-                           stop=STOPS, seed=seed)
+                           stop=self.stops, seed=seed)
         started = time.perf_counter()
         out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sampling)
         traj.generation_time_s += time.perf_counter() - started
         traj.num_turns += 1
         text = self.tokenizer.decode(out.output_ids, skip_special_tokens=True)
-        # What the reference implementations would train on: the decoded turn cut at the stop, re-encoded.
-        reencoded = self._encode(cut_after_first_stop(text, STOPS))
-        drifted = reencoded != out.output_ids
+        # What the reference implementations would train on: the decoded turn cut at the stop, re-encoded
+        # (an end token the engine stopped on is not text; it is compared apart from it).
+        reencoded = self._encode(cut_after_first_stop(text, self.stops))
+        sampled = out.output_ids[:-1] if out.finish_reason == "eos" else out.output_ids
+        drifted = reencoded != sampled
         if self.config.retokenize:
             return _Turn(reencoded, [math.nan] * len(reencoded), text, out.finish_reason, drifted)
         return _Turn(out.output_ids, out.logprobs, text, out.finish_reason, drifted)

@@ -25,6 +25,9 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/response_length": sum(len(t.response_ids) for t in trajectories) / n,
         "rollout/model_tokens": model_tokens / n,
         "rollout/drift_rate": sum(t.drifted for t in trajectories) / n,
+        # agent.protocol toolcall: calls that could not run, and conversations a message-level re-render would change.
+        "rollout/tool_call_errors": sum(t.tool_call_errors for t in trajectories) / n,
+        "rollout/template_drift_rate": sum(t.template_drift for t in trajectories) / n,
         "rollout/generation_time_s": sum(t.generation_time_s for t in trajectories) / n,
         "rollout/tool_time_s": sum(t.tool_time_s for t in trajectories) / n,
         # The tail that holds a step back: how much longer the slowest trajectories take than the typical one.

@@ -61,6 +61,9 @@ class SearchToolConfig:
     """For ``inprocess``: the corpus jsonl the index was built on."""
     retriever: str = "bm25"
     """For ``inprocess``: ``bm25``, ``hybrid`` or a dense encoder name (BM25 loads in well under a second)."""
+    tool_config: str | None = None
+    """A verl tool config or rllm tool schema file whose settings were applied over this section at start-up
+    (``config/sections.py``), and whose schema ``agent.protocol: toolcall`` offers; None: none."""
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> SearchToolConfig:

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, GroupCallback, SearchR1AgentLoop
+from rlinf_search.agents import build_agent_loop
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig, GroupCallback
 from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
 from rlinf_search.scheduler import Worker
 from rlinf_search.scheduler.channel import Channel
@@ -75,7 +76,7 @@ class RolloutWorker(Worker):
         async def run() -> list[Trajectory]:
             tool = self._search_tool()
             try:
-                loop = SearchR1AgentLoop(self.engine, tool, self.engine.tokenizer, loop_config)
+                loop = build_agent_loop(self.engine, tool, self.engine.tokenizer, loop_config)
                 return await loop.run_batch(records, samples_per_prompt, seed=seed, on_group=on_group)
             finally:
                 await tool.aclose()
