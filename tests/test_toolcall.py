@@ -20,6 +20,7 @@ from rlinf_search.agents.toolcall.search_function import DEFAULT_SEARCH_SCHEMA, 
 from rlinf_search.agents.toolcall.tool_config import ToolConfigError, read_tool_config
 from rlinf_search.config import ConfigError, validate_cfg
 from rlinf_search.data.io_struct import QARecord
+from rlinf_search.data.prompts import render, resolve_template
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
 from tests.conftest import HOTPOT_DIR
@@ -66,6 +67,12 @@ def test_the_tiny_template_renders_tools_and_stays_plain_chatml_without_them(tok
     assert text.endswith('<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["a"]}}\n'
                          "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nR1\n</tool_response>\n"
                          "<tool_response>\nR2\n</tool_response><|im_end|>\n")
+
+
+def test_the_toolcall_prompt_template_names_the_tool_and_the_answer_format_not_the_tags():
+    text = render(resolve_template("toolcall"), "Who wrote X?")
+    assert text.endswith("Question: Who wrote X?\n") and "<answer>" in text and "search tool" in text
+    assert "<search>" not in text and "<information>" not in text
 
 
 # ---- the parser, on text that went through the tokenizer as sampled ids would ---------------------

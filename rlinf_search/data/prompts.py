@@ -39,6 +39,15 @@ BRIEF_TEMPLATE = (
     "Question: {question}\n"
 )
 
+# For agent.protocol toolcall: the search tool itself is described by its schema, which the chat template
+# renders into the prompt; the instruction only names the tool and the answer format the reward reads.
+TOOLCALL_TEMPLATE = (
+    "Answer the question. Whenever a fact you need is missing, call the search tool to look it up; its results "
+    "are given back to you. Once you know enough, write only the final answer between <answer> and </answer>, "
+    "for example <answer> Beijing </answer>.\n\n"
+    "Question: {question}\n"
+)
+
 DEFAULT_TEMPLATE = "searchr1"
 
 
@@ -64,10 +73,11 @@ def _template_file(name_or_path: str) -> str:
 
 TEMPLATES: Registry[str] = Registry("prompt template", fallback=_template_file, error=TemplateError,
                                     check=lambda name, text: _check_placeholder(text, f"template {name!r}"))
-"""Templates by name (``searchr1``, ``brief``, ``plain``); :func:`register_template` adds more, and any other
+"""Templates by name (``searchr1``, ``brief``, ``toolcall``, ``plain``); :func:`register_template` adds more, and any other
 name is read as a path to a template file."""
 
-for _name, _text in (("searchr1", SEARCHR1_TEMPLATE), ("brief", BRIEF_TEMPLATE), ("plain", PLACEHOLDER)):
+for _name, _text in (("searchr1", SEARCHR1_TEMPLATE), ("brief", BRIEF_TEMPLATE), ("toolcall", TOOLCALL_TEMPLATE),
+                     ("plain", PLACEHOLDER)):
     TEMPLATES.register(_name, _text)
 
 
