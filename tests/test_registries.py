@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlinf_search.agents import AGENT_PROTOCOLS
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
 from rlinf_search.config import ConfigError
 from rlinf_search.data.prompts import TEMPLATES, TemplateError
@@ -36,6 +37,7 @@ CASES = {
     "search_backend": (SEARCH_BACKENDS, registry_plugins.build_nothing, "build_nothing", ValueError),
     "template": (TEMPLATES, "Q: {question}", None, TemplateError),
     "encoder": (ENCODER_SPECS, lambda: EncoderSpec("m", "mean", "", "", 8), None, ValueError),
+    "agent_protocol": (AGENT_PROTOCOLS, registry_plugins.ToolCallingEngine, "ToolCallingEngine", ValueError),
     "training_backend": (TRAINING_BACKENDS, TrainingBackend(trainer=f"{PLUGINS}:build_nothing"), "build_nothing",
                          ValueError),
 }
