@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RLINF_DIR = DATA_DIR / "rlinf_configs"
 TRAIN_CONFIGS = ("qwen2.5-3b-tool-fsdp-1node", "qwen2.5-3b-tool-1node")
 EVAL_CONFIG = "qwen2.5-3b-tool-1node-eval"
+# RLinf's current Search-R1 recipe (main branch): per-turn sequences, grpo_dynamic, loss scales.
+MAIN_TRAIN, MAIN_EVAL = "train_qwen2.5", "eval_qwen2.5"
 ON_GPUS = "+cluster.num_gpus_per_node=8"  # RLinf places on the GPUs Ray finds; this machine has none
 
 
@@ -85,12 +87,12 @@ def _read_by_us(schema, path: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("name", (*TRAIN_CONFIGS, EVAL_CONFIG))
+@pytest.mark.parametrize("name", (*TRAIN_CONFIGS, EVAL_CONFIG, MAIN_TRAIN, MAIN_EVAL))
 def test_every_rlinf_key_is_read_mapped_or_listed(name, data_file, caplog):
     """Each leaf key of RLinf's config is one our reader takes, or appears in the start-up listing."""
     raw = OmegaConf.to_container(OmegaConf.load(RLINF_DIR / f"{name}.yaml"), resolve=False)
     raw.pop("defaults")
-    is_eval = name == EVAL_CONFIG
+    is_eval = name in (EVAL_CONFIG, MAIN_EVAL)
     with caplog.at_level(logging.WARNING):
         (validate_eval_cfg if is_eval else validate_cfg)(compose_rlinf(name, [
             f"{'data.val_data_paths' if is_eval else 'data.train_data_paths'}=[{data_file}]", ON_GPUS]))
@@ -108,6 +110,43 @@ def test_eval_config_loads(data_file):
     assert set(config.placement.components) == {"rollout", "reward"} and config.samples_per_prompt == 1
     assert config.rollout.backend == "vllm" and config.agent_loop.max_turns == 2
     assert config.reward.score == "em"
+
+
+def test_rlinf_main_recipe_loads_with_only_paths_changed_and_means_what_it_says(data_file, caplog):
+    """RLinf's current train_qwen2.5.yaml: grpo_dynamic over trajectories is GRPO, the three loss scales make each
+    trajectory's loss its token mean (seq-mean-token-mean), the searchr1-qwen parser is the searchr1 protocol."""
+    with caplog.at_level(logging.WARNING):
+        run = validate_cfg(compose_rlinf(MAIN_TRAIN, [f"data.train_data_paths=[{data_file}]", ON_GPUS]))
+    assert run.adv_type == "grpo" and run.actor.loss.loss_agg_func == "seq-mean-token-mean"
+    assert run.agent_loop.protocol == "searchr1" and run.agent_loop.max_turns == 2
+    assert run.group_size == 4 and run.rollout_batch_size == 512 and run.actor.n_minibatches == 2
+    assert run.actor.training_backend == "megatron" and not run.normalize_advantages
+    (listing,) = [r.getMessage() for r in caplog.records if "accepted with no effect" in r.getMessage()]
+    assert "algorithm.loss_scales: ['group_level', 'agent_level', 'turn_level'] -> algorithm.loss_agg_func: " \
+           "seq-mean-token-mean" in listing
+    assert "algorithm.adv_type: grpo_dynamic -> grpo" in listing and "actor.pack_traj" in listing
+    evaluation = validate_eval_cfg(compose_rlinf(MAIN_EVAL, [f"data.val_data_paths=[{data_file}]", ON_GPUS]))
+    assert evaluation.agent_loop.protocol == "searchr1" and evaluation.samples_per_prompt == 1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.advantage_mode=turn", "algorithm.advantage_mode: 'turn' is not supported here"),
+    ("algorithm.loss_scales=[group_level]", "algorithm.loss_scales: ['group_level'] is not supported here; "
+                                            "supported: ['group_level', 'agent_level', 'turn_level']"),
+    ("agentloop.toolcall_parser=rstar2-qwen", "agent.protocol: toolcall renders the tool schema through the chat "
+                                               "template; it needs data.apply_chat_template: true"),
+])
+def test_rlinf_main_recipe_values_that_mean_something_else_are_one_line_errors(override, message, data_file):
+    with pytest.raises(ConfigError) as caught:
+        validate_cfg(compose_rlinf(MAIN_TRAIN, [f"data.train_data_paths=[{data_file}]", ON_GPUS, override]))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_rlinf_tool_call_parser_chooses_the_toolcall_protocol(data_file):
+    run = validate_cfg(compose_rlinf(MAIN_TRAIN, [f"data.train_data_paths=[{data_file}]", ON_GPUS,
+                                                  "agentloop.toolcall_parser=rstar2-qwen",
+                                                  "data.apply_chat_template=true"]))
+    assert run.agent_loop.protocol == "toolcall"
 
 
 def test_without_gpus_the_placement_error_is_one_line(data_file):

@@ -52,6 +52,16 @@ class Translated:
 
 
 @dataclass(frozen=True)
+class Means:
+    """A value that means a setting of ours: it is replaced by that setting (another value is a ConfigError)."""
+
+    values: dict[Any, tuple[str, Any]]
+    """RLinf's value (a list as a tuple) to (our dotted key, our value)."""
+    reason: str
+    """Shown at start-up with the replacement: why the two mean the same."""
+
+
+@dataclass(frozen=True)
 class SameAs:
     """Ours derives it from another key; RLinf's copy must agree with it."""
 
@@ -64,7 +74,7 @@ _MEGATRON_RUNTIME = "a Megatron runtime setting this backend leaves at megatron-
 _FROM_HF_CONFIG = "read from the model's config.json"
 _ENGINE_DEFAULT = "the rollout engine keeps its own default"
 
-RLINF_KEYS: dict[str, NoEffect | Moved | Translated | SameAs] = {
+RLINF_KEYS: dict[str, NoEffect | Moved | Translated | SameAs | Means] = {
     "runner.task_type": NoEffect("RLinf's task name; this trainer runs the Search-R1 task", RLINF_TASK_TYPES),
     "runner.enable_dynamic_batch_size": NoEffect("micro-batches are always cut by runner.max_tokens_per_mbs",
                                                  (True,)),
@@ -91,8 +101,25 @@ RLINF_KEYS: dict[str, NoEffect | Moved | Translated | SameAs] = {
     "data.validation_shuffle": NoEffect("validation runs every question in file order"),
     "data.data_size": NoEffect("the eval scores every question of data.val_data_paths; prepare a smaller file "
                                "to score fewer"),
-    "agentloop.toolcall_parser": NoEffect("the Search-R1 tags are parsed by the built-in agent loop",
-                                          ("searchr1-qwen", "searchr1")),
+    "agentloop.toolcall_parser": Means({"searchr1-qwen": ("agent.protocol", "searchr1"),
+                                        "searchr1": ("agent.protocol", "searchr1"),
+                                        "rstar2-qwen": ("agent.protocol", "toolcall")},
+                                       "RLinf's parser of the Search-R1 tags, or of Qwen's <tool_call> JSON"),
+    "agentloop.group_name": NoEffect("the AgentLoop group (agentloop.num_workers >= 1) is launched under this name",
+                                     ("AgentLoopGroup",)),
+    # RLinf's current recipe trains each turn as its own sequence and weights them back to one GRPO output per
+    # trajectory; here a trajectory is one sequence (its turns in one forward pass, tool tokens masked), which
+    # is what RLinf's own pack_traj folds them into.
+    "algorithm.adv_type": Translated({"grpo_dynamic": "grpo"}, "with advantage_mode: trajectory, grpo_dynamic "
+                                     "normalises each trajectory's reward in its group (unbiased std, eps 1e-6) and "
+                                     "gives every turn that advantage: GRPO on trajectories, which is one sequence here"),
+    "algorithm.advantage_mode": NoEffect("a trajectory's advantage covers all its turns", ("trajectory",)),
+    "algorithm.loss_scales": Means({("group_level", "agent_level", "turn_level"):
+                                    ("algorithm.loss_agg_func", "seq-mean-token-mean")},
+                                   "together they weight each trajectory's turns so its loss is the mean over all its "
+                                   "model tokens, averaged over trajectories (RLinf's loss_agg_func token-mean then "
+                                   "applies within one turn)"),
+    "actor.pack_traj": NoEffect("a trajectory is already one sequence here, its turns in one forward pass"),
     "agentloop.tool_response_truncate_side": NoEffect("observations are cut at their end, keeping the closing "
                                                       "tag", ("right",)),
     "agentloop.print_outputs": NoEffect("runner.rollout_dump writes sample trajectories to files"),
@@ -235,6 +262,15 @@ def _apply(raw: dict, path: str, value: Any, rule) -> str:
             if value is not None:
                 _set(raw, target, value)
         return f"{path} -> {', '.join(rule.to)}"
+    if isinstance(rule, Means):
+        key = tuple(value) if isinstance(value, list) else value
+        if key not in rule.values:
+            known = ", ".join(repr(list(k) if isinstance(k, tuple) else k) for k in rule.values)
+            raise ConfigError(f"{path}: {value!r} is not supported here; supported: {known}")
+        target, ours = rule.values[key]
+        _delete(raw, path)
+        _set(raw, target, ours)
+        return f"{path}: {value} -> {target}: {ours} ({rule.reason})"
     if value in rule.values:
         _set(raw, path, rule.values[value])
         return f"{path}: {value} -> {rule.values[value]} ({rule.reason})"
