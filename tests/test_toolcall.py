@@ -209,6 +209,13 @@ def test_both_protocols_run_through_the_real_server(tokenizer, search_tool):
     assert [s.kind for s in toolcall.spans] == ["model", "tool", "model"]
 
 
+def test_a_text_prompt_is_refused_in_one_line(tokenizer):
+    loop = build_agent_loop(ScriptedEngine(tokenizer, []), None, tokenizer, AgentLoopConfig(protocol="toolcall"))
+    record = QARecord(uid="t-1", prompt="Question: who?", golden_answers=["x"], data_source="t")
+    with pytest.raises(ValueError, match="prompt t-1 is text"):
+        asyncio.run(loop.run(record))
+
+
 def test_a_template_without_tools_is_refused(tokenizer):
     plain = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     plain.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"

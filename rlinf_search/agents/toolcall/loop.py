@@ -30,7 +30,7 @@ from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.tools.search.observation import NO_RESULTS, failure_line, truncate_passage
 
 # Two throw-away turns the tool messages are rendered after; only what the template adds past them is kept.
-_PROBE_USER, _PROBE_ASSISTANT = "probe question", "probe reply"
+_PROBE_USER, _PROBE_ASSISTANT, _PROBE_RESULT = "probe question", "probe reply", "probe tool result"
 
 
 class TemplateWithoutTools(ValueError):
@@ -77,7 +77,7 @@ class ToolCallAgentLoop(SearchR1AgentLoop):
             raise TemplateWithoutTools("agent.protocol toolcall: the tokenizer's chat template does not render tools "
                                        "(tools=[...]); use a model whose template supports function calling, or "
                                        "rebuild the tiny model (toolkits/make_tiny_model.py)")
-        if "x" not in self._tool_turn_text(["x"], ended=True):
+        if _PROBE_RESULT not in self._tool_turn_text([_PROBE_RESULT], ended=True):
             raise TemplateWithoutTools("agent.protocol toolcall: the tokenizer's chat template drops tool messages")
 
     def _tool_turn_text(self, contents: list[str], *, ended: bool) -> str:
@@ -165,13 +165,16 @@ class ToolCallAgentLoop(SearchR1AgentLoop):
 
     # ---- start and finish -------------------------------------------------------------------------
     def _start(self, record: QARecord) -> _Rollout:
+        if isinstance(record.prompt, str):
+            raise ValueError(f"agent.protocol toolcall: prompt {record.uid} is text, so the chat template cannot "
+                             "render the tool schema into it; prepare the data as chat messages (without --text-prompt)")
         rollout = super()._start(record)
-        rollout.messages = list(record.prompt) if not isinstance(record.prompt, str) else None
+        rollout.messages = list(record.prompt)
         return rollout
 
     def _finish(self, rollout: _Rollout) -> Trajectory:
         traj = super()._finish(rollout)
-        if rollout.messages is not None and self.config.apply_chat_template:
+        if self.config.apply_chat_template:
             traj.template_drift = self._rerendered(rollout) != traj.prompt_ids + traj.response_ids
         return traj
 
