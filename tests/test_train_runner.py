@@ -139,6 +139,8 @@ def test_three_steps_through_worker_groups(tmp_path, synth, server, tiny_model_d
     assert len(val_rows) == len(load_records(synth / "val.prepared.jsonl"))
 
 
+# Heavy: 45 s on 2 cores; the default lane must stay under 15 minutes (CI runs every lane).
+@pytest.mark.heavy
 def test_inference_group_on_its_own_slot_scores_like_the_actor(tmp_path, synth, server, tiny_model_dir):
     """Three pipelined steps with old and reference log-probs on the InferenceGroup's slot; then its
     policy copy (synced after every update) must score a fresh rollout as the actor itself does."""
@@ -167,6 +169,8 @@ def test_inference_group_on_its_own_slot_scores_like_the_actor(tmp_path, synth, 
     assert (ours.old[mask] - ours.ref[mask]).abs().max() > 1e-3, "three updates moved the policy off the reference"
 
 
+# Heavy: 45 s on 2 cores; the default lane must stay under 15 minutes (CI runs every lane).
+@pytest.mark.heavy
 def test_user_code_named_by_dotted_path_trains(tmp_path, synth, server, tiny_model_dir):
     """An advantage estimator, a reward and a KL estimator from a user's module, named in the config."""
     from tests.registry_plugins import KL_CONSTANT, REWARD_BONUS
