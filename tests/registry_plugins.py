@@ -11,6 +11,7 @@ import torch
 
 from rlinf_search.algorithms import AdvantageOutput
 from rlinf_search.rewards import compute_score
+from rlinf_search.workers.rollout.scripted import ScriptedEngine
 
 KL_CONSTANT = 0.5
 REWARD_BONUS = 0.25
@@ -87,14 +88,14 @@ class NeedsGpuTrainer:
     install_hint = "pip install no-such-mod"
 
 
-class ToolCallingEngine:
+class ToolCallingEngine(ScriptedEngine):
     """A rollout engine that calls the search tool once with the prompt's question, then answers with the first
     retrieved title, each turn ended by the end token: the ``toolcall`` protocol through the whole runner
-    without a model that has learnt to call. Stateless, so every sample of a group does the same."""
+    without a model that has learnt to call. Stateless, so every sample of a group does the same (the scripted
+    engine's weight, offload and close methods apply as they are)."""
 
     def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.weight_version = 0
+        super().__init__(tokenizer, [])
 
     async def generate(self, prompt_ids, sampling):
         import json
@@ -114,18 +115,6 @@ class ToolCallingEngine:
         ids = ids[:sampling.max_new_tokens]
         finish = "eos" if ids[-1] == self.tokenizer.eos_token_id else "length"
         return GenerationOutput(ids, [-0.5] * len(ids), finish, None)
-
-    def update_weights(self, state_dict) -> None:
-        self.weight_version += 1
-
-    def offload(self) -> None:
-        pass
-
-    def onload(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
 
 
 def tool_calling_engine(config, *, device=None, seed=0):

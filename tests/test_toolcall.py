@@ -24,6 +24,7 @@ from rlinf_search.data.prompts import render, resolve_template
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
 from tests.conftest import HOTPOT_DIR
+from tests.test_agent_loop import _segments
 from tests.test_train_runner import _config, _metrics, _run, server, synth  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,16 +125,6 @@ def search_tool(hotpot_server):
     return lambda: build_search_tool(SearchToolConfig(server_addr=hotpot_server.address, topk=2))
 
 
-def _runs(traj) -> list[tuple[int, list[int]]]:
-    runs = []
-    for token, mask in zip(traj.response_ids, traj.response_mask):
-        if runs and runs[-1][0] == mask:
-            runs[-1][1].append(token)
-        else:
-            runs.append((mask, [token]))
-    return runs
-
-
 def test_toolcall_loop_masks_exactly_the_rendered_tool_turn(tokenizer, search_tool):
     turns = ["<think> two facts </think>\n" + _call("Arthur's Magazine", "First for Women") + "\n"
              + _call("magazine", name="browse") + END,
@@ -151,7 +142,7 @@ def test_toolcall_loop_masks_exactly_the_rendered_tool_turn(tokenizer, search_to
     assert traj.finish_reason == "answer" and traj.num_turns == 2
     assert traj.num_searches == 2 and traj.queries == ["Arthur's Magazine", "First for Women"]
     assert traj.tool_call_errors == 1 and traj.search_errors == 0
-    runs = _runs(traj)
+    runs = _segments(traj)
     assert [mask for mask, _ in runs] == [1, 0, 1]
     # The model's ids are what it sampled; the observation is what the template adds after its turn.
     assert runs[0][1] == tokenizer.encode(turns[0], add_special_tokens=False)
@@ -191,7 +182,7 @@ def test_a_long_tool_turn_is_cut_to_the_limit_keeping_the_template_frame(tokeniz
     config = AgentLoopConfig(max_turns=2, protocol="toolcall", max_obs_tokens=60, max_passage_tokens=150)
     traj = asyncio.run(_one(tokenizer, search_tool, [_call("Arthur's Magazine", "magazine") + END, "<answer> x </answer>" + END],
                             config))
-    (_, observation), = [run for run in _runs(traj) if run[0] == 0]
+    (_, observation), = [run for run in _segments(traj) if run[0] == 0]
     assert len(observation) <= 60
     assert tokenizer.decode(observation).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
 

@@ -3,6 +3,7 @@ sync to the groups that follow the actor (``LogprobPlan.weight_receivers``)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from rlinf_search.config import RunConfig
@@ -92,9 +93,6 @@ class WeightSyncStage:
         """Send the newest weights now if an update has not gone out yet."""
         if self._unsynced is None:
             return
-        if timer is None:
+        with timer.phase("weight_sync") if timer is not None else nullcontext():
             self.weight_sync.sync(version=self._unsynced)
-        else:
-            with timer.phase("weight_sync"):
-                self.weight_sync.sync(version=self._unsynced)
         self._unsynced = None
