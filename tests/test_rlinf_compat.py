@@ -124,9 +124,13 @@ def test_rlinf_main_recipe_loads_with_only_paths_changed_and_means_what_it_says(
     (listing,) = [r.getMessage() for r in caplog.records if "accepted with no effect" in r.getMessage()]
     assert "algorithm.loss_scales: ['group_level', 'agent_level', 'turn_level'] -> algorithm.loss_agg_func: " \
            "seq-mean-token-mean" in listing
-    assert "algorithm.adv_type: grpo_dynamic -> grpo" in listing and "actor.pack_traj" in listing
+    assert "algorithm.adv_type: grpo_dynamic -> grpo" in listing and "actor.pack_traj" not in listing
+    assert run.actor.pack_traj  # read as ours: the recipe packs each trajectory's turns into one sequence
     evaluation = validate_eval_cfg(compose_rlinf(MAIN_EVAL, [f"data.val_data_paths=[{data_file}]", ON_GPUS]))
     assert evaluation.agent_loop.protocol == "searchr1" and evaluation.samples_per_prompt == 1
+    turns = validate_cfg(compose_rlinf(MAIN_TRAIN, [f"data.train_data_paths=[{data_file}]", ON_GPUS,
+                                                    "actor.pack_traj=false"]))
+    assert not turns.actor.pack_traj and turns.actor.loss.loss_agg_func == "seq-mean-token-mean"
 
 
 @pytest.mark.parametrize("override, message", [

@@ -107,9 +107,8 @@ RLINF_KEYS: dict[str, NoEffect | Moved | Translated | SameAs | Means] = {
                                        "RLinf's parser of the Search-R1 tags, or of Qwen's <tool_call> JSON"),
     "agentloop.group_name": NoEffect("the AgentLoop group (agentloop.num_workers >= 1) is launched under this name",
                                      ("AgentLoopGroup",)),
-    # RLinf's current recipe trains each turn as its own sequence and weights them back to one GRPO output per
-    # trajectory; here a trajectory is one sequence (its turns in one forward pass, tool tokens masked), which
-    # is what RLinf's own pack_traj folds them into.
+    # RLinf's current recipe weights each turn back to one GRPO output per trajectory. actor.pack_traj (read as
+    # ours) decides whether the turns of a trajectory train as one sequence (true, the recipe's) or one each.
     "algorithm.adv_type": Translated({"grpo_dynamic": "grpo"}, "with advantage_mode: trajectory, grpo_dynamic "
                                      "normalises each trajectory's reward in its group (unbiased std, eps 1e-6) and "
                                      "gives every turn that advantage: GRPO on trajectories, which is one sequence here"),
@@ -119,7 +118,6 @@ RLINF_KEYS: dict[str, NoEffect | Moved | Translated | SameAs | Means] = {
                                    "together they weight each trajectory's turns so its loss is the mean over all its "
                                    "model tokens, averaged over trajectories (RLinf's loss_agg_func token-mean then "
                                    "applies within one turn)"),
-    "actor.pack_traj": NoEffect("a trajectory is already one sequence here, its turns in one forward pass"),
     "agentloop.tool_response_truncate_side": NoEffect("observations are cut at their end, keeping the closing "
                                                       "tag", ("right",)),
     "agentloop.print_outputs": NoEffect("runner.rollout_dump writes sample trajectories to files"),

@@ -55,7 +55,7 @@ SCHEMA: dict[str, Any] = {
               "fsdp_config": {"cpu_offload": None},
               "megatron": {"use_hf_ckpt": None, "distributed_timeout_minutes": None,
                            "ckpt_convertor": {key: None for key in MEGATRON_CONVERTER_KEYS}},
-              "offload_weight": None, "offload_grad": None, "offload_optimizer": None,
+              "offload_weight": None, "offload_grad": None, "offload_optimizer": None, "pack_traj": None,
               "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,
                         "clip_grad": None},
               "lr_sched": {"lr_warmup_fraction": None, "lr_decay_style": None, "min_lr": None}},

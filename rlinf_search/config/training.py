@@ -6,9 +6,18 @@ keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_
 from __future__ import annotations
 
 from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, TOP_K_DIVERGENCES
-from rlinf_search.config.readers import (get, get_bool, get_choice, get_float, get_int, get_precision, get_registered,
-                                         get_section)
+from rlinf_search.config.readers import (
+    get,
+    get_bool,
+    get_choice,
+    get_float,
+    get_int,
+    get_precision,
+    get_registered,
+    get_section,
+)
 from rlinf_search.config.schema import ConfigError
+from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS
@@ -67,12 +76,17 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
     if backend == "megatron" and checkpointing:
         raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
                           "by actor.model.recompute_granularity instead")
+    loss = _policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature)
+    pack_traj = get_bool(raw, "actor.pack_traj", ActorConfig.pack_traj)
+    if not pack_traj and loss.loss_agg_func not in TURN_LEVEL_AGGREGATIONS:
+        raise ConfigError(f"actor.pack_traj: false weights each turn back to its trajectory for "
+                          f"{', '.join(TURN_LEVEL_AGGREGATIONS)}; algorithm.loss_agg_func is {loss.loss_agg_func!r}")
     ppo_epochs = get_int(raw, "algorithm.ppo_epochs", ActorConfig.ppo_epochs, minimum=1)
     n_minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
     return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
                        optim=_optim(get_section(raw, "actor.optim"), get_section(raw, "actor.lr_sched"), section="actor",
                                     total_steps=run_steps * ppo_epochs * n_minibatches),
-                       loss=_policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature),
+                       loss=loss, pack_traj=pack_traj,
                        ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
                        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
                        dtype=get_precision(raw, "actor.model.precision", ActorConfig.dtype, training=True),

@@ -51,6 +51,9 @@ class RolloutBatch:
     teacher_top_weight: torch.Tensor | None = None
     """[B, T] weight of the actor's KL to the teacher's top-k on each token (``top_k_coef`` where the teacher
     scored a model token, 0 elsewhere)."""
+    loss_scale: torch.Tensor | None = None
+    """[B] multiplier of each row's token losses; None: 1. Turn rows (``actor.pack_traj: false``,
+    ``data/turn_rows.py``) carry their share of their trajectory's model tokens here."""
     extra: dict = field(default_factory=dict)
     """Per-row values that are not tensors the trainer needs (data sources, searches), for metrics."""
 

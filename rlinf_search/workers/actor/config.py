@@ -97,6 +97,11 @@ class ActorConfig:
     pack_sequences: bool = True
     """``actor.model.use_remove_padding``: a micro-batch's rows go through the model as one packed sequence
     (position ids restart per row), so no padding token is computed."""
+    pack_traj: bool = True
+    """``actor.pack_traj``: a multi-turn trajectory trains as one sequence (its tool observations masked). False:
+    each model turn is its own sequence, its context the trajectory before it (RLinf's turn-level training;
+    ``data/turn_rows.py``), weighted so the loss is the same aggregation over trajectories; it costs a forward
+    pass over each turn's context. Old and reference log-probs are still scored on the whole trajectory."""
     attn_implementation: str | None = None
     """``actor.model.attn_implementation``: the HF attention kernel of the actor's models (policy, reference,
     the InferenceGroup's copies): ``sdpa``, ``eager``, ``flash_attention_2``, ... (``hf_model.py``); None

@@ -11,6 +11,7 @@ compute is ``actor.model.precision`` (see ``parallel.py``). Backends: ``ddp`` (t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -34,10 +35,17 @@ from rlinf_search.data.rank_plan import (
     plan_passes,
     run_minibatches,
 )
+from rlinf_search.data.turn_rows import split_turns
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import load_causal_lm
 from rlinf_search.workers.actor.logprobs import score_rows
-from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES, FullySharded, Replicated, init_single_process_group, world
+from rlinf_search.workers.actor.parallel import (
+    COMPUTE_DTYPES,
+    FullySharded,
+    Replicated,
+    init_single_process_group,
+    world,
+)
 from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, packs_rows, to_device
 from rlinf_search.workers.offload import OffloadTensors, module_tensors
 
@@ -160,8 +168,13 @@ class PolicyTrainer:
             raise ValueError("kl_beta > 0 needs batch.ref_logprobs")
 
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
+        trajectories = len(rows)
+        if not self.config.pack_traj:  # each model turn its own row; the loss still averages over trajectories
+            batch = split_turns(batch.select(rows), self.config.loss.loss_agg_func).batch
+            rows = list(range(len(batch)))
         work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,
                            max_tokens=self.config.max_tokens_per_mbs)
+        work = dataclasses.replace(work, sequences=trajectories)
         own_tokens = max(int(batch.response_mask[work.rows].sum()), 1) if work.rows else 1
         self._zero_grad()
         sums: dict[str, float] = {}
@@ -228,6 +241,8 @@ class PolicyTrainer:
                           weight > 0, cfg.top_k_divergence)
             token_losses = token_losses + weight * kl
             metrics["actor/teacher_top_k_kl"] = float(masked_mean(kl.detach(), weight > 0))
+        if micro.loss_scale is not None:  # turn rows: each turn's share of its trajectory
+            token_losses = token_losses * micro.loss_scale.to(self.device, token_losses.dtype)[:, None]
         loss = aggregate_loss(token_losses, mask, cfg.loss_agg_func, global_token_count=max(work.tokens, 1),
                               num_sequences=max(work.sequences, 1), norm_constant=cfg.norm_constant)
         # Data parallelism averages gradients over ranks; the loss already divides by every rank's tokens.
