@@ -4,6 +4,7 @@
 #   bash scripts/demo.sh                 # outputs in outputs/demo (DEMO_OUT to change)
 #   DEMO_RL_STEPS=10 bash scripts/demo.sh
 #   DEMO_PIPELINE=stream bash scripts/demo.sh   # the streamed step (runner.pipeline: stream)
+#   DEMO_PROTOCOL=toolcall bash scripts/demo.sh # function calling (agent.protocol: toolcall), not Search-R1's tags
 # Ends with one line: held-out EM: warm-start A -> after RL B
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
@@ -23,6 +24,15 @@ case "$PIPELINE" in
     sync) PIPELINE_ARGS=() ;;
     stream) PIPELINE_ARGS=(runner.pipeline=stream algorithm.recompute_logprobs=false) ;;
     *) echo "demo: DEMO_PIPELINE must be sync or stream, got $PIPELINE" >&2; exit 2 ;;
+esac
+# searchr1: Search-R1's tags. toolcall: the search tool as a function schema rendered by the chat template, calls as
+# <tool_call> JSON (docs/agents.md); the tiny tokenizer then learns the tool turn's text, and its prompts, schema
+# included, are about 220 tokens instead of 70.
+PROTOCOL="${DEMO_PROTOCOL:-searchr1}"
+case "$PROTOCOL" in
+    searchr1) TEMPLATE=brief; MODEL_ARGS=(); PROTOCOL_ARGS=() ;;
+    toolcall) TEMPLATE=toolcall; MODEL_ARGS=(--tool-calling); PROTOCOL_ARGS=(data.max_prompt_length=256) ;;
+    *) echo "demo: DEMO_PROTOCOL must be searchr1 or toolcall, got $PROTOCOL" >&2; exit 2 ;;
 esac
 # One passage per search (Search-R1 uses 3): a correct query finds its person first in every case here, and the
 # shorter context makes every warm-start and RL step about twice as fast on a CPU (docs/results.md).
@@ -45,7 +55,7 @@ step "1/8 synthetic task: a fictional knowledge base, one- and two-hop questions
 "$PY" -m toolkits.synth_task --out "$OUT/data" --seed "$SEED" --people 4000
 for split in train val test; do
     "$PY" -m rlinf_search.data.prepare --input "$OUT/data/$split.jsonl" --format flashrag --data-source synth \
-        --template brief --out "$OUT/data/$split.prepared.jsonl" >/dev/null
+        --template "$TEMPLATE" --out "$OUT/data/$split.prepared.jsonl" >/dev/null
 done
 
 step "2/8 BM25 index over the corpus"
@@ -53,7 +63,7 @@ step "2/8 BM25 index over the corpus"
 
 step "3/8 tiny Qwen2 model and byte-level BPE tokenizer trained on the task text"
 "$PY" -m toolkits.make_tiny_model --out "$OUT/model/base" --hidden-size 192 --num-layers 3 --intermediate-size 512 --seed "$SEED" \
-    --text "$OUT/data/corpus.jsonl,$OUT/data/train.jsonl,$OUT/data/val.jsonl,$OUT/data/test.jsonl"
+    ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} --text "$OUT/data/corpus.jsonl,$OUT/data/train.jsonl,$OUT/data/val.jsonl,$OUT/data/test.jsonl"
 
 step "4/8 retrieval server on a free loopback port"
 rm -f "$OUT/server.addr"
@@ -70,24 +80,26 @@ step "5/8 supervised warm start on scripted trajectories, each stage until its p
 # searching first must be in its band. A goal not reached within its stage's steps stops the demo here, in one line.
 timed warm_start "$PY" -m toolkits.sft_warmstart --model "$OUT/model/base" --data "$OUT/data/train.prepared.jsonl" \
     --val-data "$OUT/data/val.prepared.jsonl" --server-addr "$ADDR" --out "$OUT/model/sft" --topk "$TOPK" \
-    --induction-steps "$INDUCTION_STEPS" --reading-steps "$READING_STEPS" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED"
+    --induction-steps "$INDUCTION_STEPS" --reading-steps "$READING_STEPS" --skill-steps "$SKILL_STEPS" --mix-steps "$MIX_STEPS" --seed "$SEED" \
+    --protocol "$PROTOCOL"
 
 step "6/8 held-out test EM of the warm-started model (greedy)"
 timed eval_before "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/sft" \
     --data "$OUT/data/test.prepared.jsonl" --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 \
-    --max-samples "$EVAL_N" --out "$OUT/eval/warm_start"
+    --max-samples "$EVAL_N" --protocol "$PROTOCOL" --out "$OUT/eval/warm_start"
 
-step "7/8 GRPO through the worker groups on a local Ray cluster ($RL_STEPS steps, $PIPELINE)"
+step "7/8 GRPO through the worker groups on a local Ray cluster ($RL_STEPS steps, $PIPELINE, $PROTOCOL)"
 rm -rf "$OUT/rl"
 timed grpo "$PY" examples/searchr1/main_searchr1.py runner.output_dir="$OUT/rl" runner.max_steps="$RL_STEPS" \
     runner.resume_dir=null rollout.model.model_path="$OUT/model/sft" tools.search.server_addr="$ADDR" \
     tools.search.topk="$TOPK" data.seed="$SEED" data.train_data_paths="[$OUT/data/train.prepared.jsonl]" \
-    data.val_data_paths="[$OUT/data/val.prepared.jsonl]" ${PIPELINE_ARGS[@]+"${PIPELINE_ARGS[@]}"}
+    data.val_data_paths="[$OUT/data/val.prepared.jsonl]" agent.protocol="$PROTOCOL" \
+    ${PIPELINE_ARGS[@]+"${PIPELINE_ARGS[@]}"} ${PROTOCOL_ARGS[@]+"${PROTOCOL_ARGS[@]}"}
 
 step "8/8 held-out test EM after RL, curves and summary"
 FINAL="$OUT/rl/checkpoints/global_step_$RL_STEPS/hf_model"
 timed eval_after "$PY" -m rlinf_search.runners.eval_runner --model "$FINAL" --data "$OUT/data/test.prepared.jsonl" \
-    --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 --max-samples "$EVAL_N" --out "$OUT/eval/after_rl"
+    --server-addr "$ADDR" --topk "$TOPK" --max-new-tokens 64 --max-samples "$EVAL_N" --protocol "$PROTOCOL" --out "$OUT/eval/after_rl"
 "$PY" -m rlinf_search.plot "$OUT/rl" --out "$OUT/curves.png"
 "$PY" examples/searchr1/demo_summary.py --before "$OUT/eval/warm_start/eval_results.json" \
     --after "$OUT/eval/after_rl/eval_results.json" --out "$OUT"

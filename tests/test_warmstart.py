@@ -63,12 +63,13 @@ def test_behaviour_shares_follow_the_mix(synth_records):
 
 
 def test_good_search_copies_the_gold_and_hops_through_the_bridge(synth_records):
+    scripts = SyntheticScripts(synth_records, BehaviourMix())
     two_hop = next(r for r in synth_records if r.extra.get("hops") == 2)
-    assert SyntheticScripts.good_search(two_hop) == [
+    assert scripts.good_search(two_hop) == [
         f"<search> {two_hop.extra['subject']} </search>", f"<search> {two_hop.extra['bridge']} </search>",
         f"<answer> {two_hop.golden_answers[0]} </answer>"]
     one_hop = next(r for r in synth_records if r.extra.get("hops") == 1)
-    assert len(SyntheticScripts.good_search(one_hop)) == 2
+    assert len(scripts.good_search(one_hop)) == 2
 
 
 def test_guesses_are_answers_of_the_same_kind(synth_records):

@@ -20,9 +20,17 @@ from typing import Iterator
 # The protocol tags are single tokens, so the model emits a stop tag in one step and stop checks are exact.
 PROTOCOL_TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>",
                  "<information>", "</information>")
+# With --tool-calling, the function-calling tags are single tokens too (Qwen2.5 has <tool_call> and </tool_call> as
+# tokens of their own), so a call's frame costs the tiny model a few ids.
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 # Qwen2.5's special tokens, so chat templating and EOS handling match the real model family.
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
+# The template's words around the tool schemas (shorter than Qwen2.5's: every prompt of a tiny model on a CPU pays
+# for them), in one place so the tokenizer can be trained on them (--tool-calling).
+TOOLS_INTRO = "# Tools\n\nFunctions you can call:\n<tools>"
+TOOLS_OUTRO = ("\n</tools>\n\nTo call one, write:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>")
 # ChatML, as Qwen2.5 uses it, without the default system prompt. With ``tools=[...]`` it also renders what a
 # function-calling model needs, in the layout of Qwen2.5's own template (our wording): the tool schemas in a
 # system turn, each call an assistant wrote as <tool_call> JSON, and consecutive ``tool`` messages as
@@ -31,11 +39,9 @@ CHATML_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou can call the functions whose signatures are listed between <tools> and </tools>:\\n<tools>' }}"
+    "{{- " + json.dumps(TOOLS_INTRO) + " }}"
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nTo call one, write its name and arguments as a JSON object between <tool_call> and "
-    "</tool_call>:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>"
-    "<|im_end|>\\n' }}"
+    "{{- " + json.dumps(TOOLS_OUTRO + IM_END + "\n") + " }}"
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if tools and loop.first and message['role'] == 'system' %}"
@@ -103,8 +109,8 @@ def _texts_from_files(paths: list[Path]) -> Iterator[str]:
                         yield " ".join(str(a) for a in answers)
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int):
-    """Train a byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast``."""
+def train_tokenizer(texts: Iterator[str], vocab_size: int, *, tags: tuple[str, ...] = PROTOCOL_TAGS):
+    """Train a byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast``, ``tags`` added as tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -121,7 +127,7 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int):
         unk_token=None, model_max_length=32768,
     )
     # Added, not special: they must survive decode(skip_special_tokens=True) as text.
-    tokenizer.add_tokens(list(PROTOCOL_TAGS))
+    tokenizer.add_tokens(list(tags))
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 
@@ -158,10 +164,29 @@ def _prompt_template_texts(copies: int = 50) -> Iterator[str]:
             yield from [template.replace(PLACEHOLDER, "")] * copies
 
 
-def make_tiny_model(out: Path, text_files: list[Path], spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Train the tokenizer on ``text_files`` and the prompt templates, build the model, and save both to ``out``."""
+def _tool_calling_texts(copies: int = 50) -> Iterator[str]:
+    """What every function-calling prompt and call repeats: the tool system turn with the built-in search schema,
+    a call's JSON frame and a tool response's frame, as often as the prompt templates."""
+    from rlinf_search.agents.toolcall.search_function import DEFAULT_SEARCH_SCHEMA
+
+    system = f"{TOOLS_INTRO}\n{json.dumps(DEFAULT_SEARCH_SCHEMA)}{TOOLS_OUTRO}"
+    call = '<tool_call>\n{"name": "search", "arguments": {"query_list": [""]}}\n</tool_call>'
+    response = "\n<tool_response>\nDoc 1(Title: )\n</tool_response>"
+    roles = "system\nuser\nassistant\n"  # the chat template's role names, which every turn's header spells
+    for text in (system, call, response, roles):
+        yield from [text] * copies
+
+
+def make_tiny_model(out: Path, text_files: list[Path], spec: TinyModelSpec = TinyModelSpec(), *,
+                    tool_calling: bool = False) -> Path:
+    """Train the tokenizer on ``text_files`` and the prompt templates, build the model, and save both to ``out``.
+    ``tool_calling``: the function-calling tags become tokens and the tokenizer learns the tool turn's text too
+    (``agent.protocol: toolcall``); without it the tokenizer is exactly the one the Search-R1 demo was tuned on."""
     texts = itertools.chain(_texts_from_files(text_files), _prompt_template_texts())
-    tokenizer = train_tokenizer(texts, spec.vocab_size - len(PROTOCOL_TAGS))
+    tags = PROTOCOL_TAGS
+    if tool_calling:
+        texts, tags = itertools.chain(texts, _tool_calling_texts()), PROTOCOL_TAGS + TOOL_TAGS
+    tokenizer = train_tokenizer(texts, spec.vocab_size - len(tags), tags=tags)
     model = build_model(spec, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
@@ -180,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-kv-heads", type=int, default=TinyModelSpec.num_kv_heads)
     parser.add_argument("--intermediate-size", type=int, default=TinyModelSpec.intermediate_size)
     parser.add_argument("--seed", type=int, default=TinyModelSpec.seed)
+    parser.add_argument("--tool-calling", action="store_true",
+                        help="for agent.protocol toolcall: <tool_call>, </tool_call>, <tool_response> and "
+                             "</tool_response> as tokens, and the tool turn's text in the tokenizer's training")
     args = parser.parse_args(argv)
     files = [Path(p) for p in args.text.split(",")]
     missing = [str(p) for p in files if not p.is_file()]
@@ -189,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = TinyModelSpec(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
                          num_layers=args.num_layers, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
                          intermediate_size=args.intermediate_size, seed=args.seed)
-    out = make_tiny_model(Path(args.out), files, spec)
+    out = make_tiny_model(Path(args.out), files, spec, tool_calling=args.tool_calling)
     print(f"wrote a tiny Qwen2 model and tokenizer to {out}")
     return 0
 

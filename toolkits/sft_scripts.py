@@ -9,15 +9,53 @@ Behaviours, drawn per trajectory:
   copy the answer out of the ``<information>`` block. The only behaviour that earns reward reliably.
 - ``guess``: answer at once with a plausible answer of the right kind (another record's gold).
 - ``bad_query``: search something useless (the question's kind of answer, not the name), then guess.
+
+The turns are written in the run's agent protocol (``TurnStyle``): Search-R1's tags, or a ``<tool_call>`` to the
+search function ended by the model's end token (``agent.protocol: toolcall``); the answer is ``<answer>`` in both.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections import defaultdict
 from dataclasses import dataclass
 
 from rlinf_search.data.io_struct import QARecord
+
+
+@dataclass(frozen=True)
+class TurnStyle:
+    """How a scripted model turn is written in one agent protocol."""
+
+    protocol: str
+    """``agent.protocol``: ``searchr1`` or ``toolcall``."""
+    search_open: str
+    """What a search turn opens with; the first token where it and ``<answer>`` part is the model's decision."""
+    end: str = ""
+    """Appended to every turn: the model's end token in ``toolcall``, where a turn ends at that token."""
+
+    @classmethod
+    def for_protocol(cls, protocol: str, tokenizer) -> TurnStyle:
+        if protocol == "searchr1":
+            return cls("searchr1", "<search>")
+        if protocol == "toolcall":
+            return cls("toolcall", "<tool_call>", tokenizer.eos_token)
+        raise ValueError(f"scripted warm starts speak searchr1 or toolcall, not {protocol!r}")
+
+    def search(self, query: str) -> str:
+        if self.protocol == "toolcall":
+            # As the chat template renders a call of the built-in search schema, so a re-render matches.
+            call = json.dumps({"name": "search", "arguments": {"query_list": [query]}}, ensure_ascii=False)
+            return f"<tool_call>\n{call}\n</tool_call>{self.end}"
+        return f"<search> {query} </search>"
+
+    def answer(self, text: str) -> str:
+        return f"<answer> {text} </answer>{self.end}"
+
+
+SEARCHR1_TURNS = TurnStyle("searchr1", "<search>")
+"""Search-R1's tags: the demo's and the tests' default."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +88,8 @@ def question_kind(record: QARecord) -> str:
 class SyntheticScripts:
     """Builds one scripted trajectory per record, following a :class:`BehaviourMix`."""
 
-    def __init__(self, records: list[QARecord], mix: BehaviourMix):
-        self.mix = mix
+    def __init__(self, records: list[QARecord], mix: BehaviourMix, style: TurnStyle = SEARCHR1_TURNS):
+        self.mix, self.style = mix, style
         # Guesses come from the answers of other questions of the same kind, so a guess is well formed
         # and plausible (a city for "where", a profession for "what was the profession") but rarely right.
         self.answers_by_kind: dict[str, list[str]] = defaultdict(list)
@@ -60,17 +98,16 @@ class SyntheticScripts:
 
     def __call__(self, record: QARecord, rng: random.Random) -> list[str]:
         draw = rng.random()
-        guess = f"<answer> {rng.choice(self.answers_by_kind[question_kind(record)])} </answer>"
+        guess = self.style.answer(rng.choice(self.answers_by_kind[question_kind(record)]))
         if draw < self.mix.search:
             return self.good_search(record)
         if draw < self.mix.search + self.mix.bad_query:
             useless = rng.choice(self.answers_by_kind[question_kind(record)])
-            return [f"<search> {useless} </search>", guess]
+            return [self.style.search(useless), guess]
         return [guess]
 
-    @staticmethod
-    def good_search(record: QARecord) -> list[str]:
-        turns = [f"<search> {record.extra['subject']} </search>"]
+    def good_search(self, record: QARecord) -> list[str]:
+        turns = [self.style.search(record.extra["subject"])]
         if record.extra.get("bridge"):
-            turns.append(f"<search> {record.extra['bridge']} </search>")
-        return [*turns, f"<answer> {record.golden_answers[0]} </answer>"]
+            turns.append(self.style.search(record.extra["bridge"]))
+        return [*turns, self.style.answer(record.golden_answers[0])]

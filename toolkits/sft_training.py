@@ -173,10 +173,11 @@ def sft_loss(model, ids: torch.Tensor, attention: torch.Tensor, labels: torch.Te
 
 def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probes: ProbeSet | None = None,
               *, report: Callable[[str], None] = print,
-              after_step: Callable[[int, float], None] | None = None) -> WarmStartLog:
+              after_step: Callable[[int, float], None] | None = None, search_open: str = "<search>") -> WarmStartLog:
     """Cross-entropy on the trained tokens, stage after stage; a stage with a goal stops as soon as the probes
     show it (``report`` gets a line per reading) and raises ``GoalNotReached`` at its step cap. ``after_step``
-    gets (optimizer steps so far, this step's loss) after every step: checkpoints and evaluations go there."""
+    gets (optimizer steps so far, this step's loss) after every step: checkpoints and evaluations go there.
+    ``search_open``: what a search turn opens with in the trajectories' protocol (where the decision token is)."""
     for stage in stages:
         if stage.steps and not stage.trajectories:
             raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
@@ -187,7 +188,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
     model.train()
     log = WarmStartLog(losses=[], stages=[])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    decision = decision_position(tokenizer)
+    decision = decision_position(tokenizer, search_open)
     running = [stage for stage in stages if stage.steps > 0]
     for stage in running:
         record = StageRecord(stage.name, 0, 0.0, [])

@@ -1,4 +1,4 @@
-"""Supervised warm start on scripted Search-R1 trajectories, with observations masked out of the loss.
+"""Supervised warm start on scripted trajectories, with observations masked out of the loss.
 
 A scripted engine writes the model turns (a script per question), the real agent loop runs them
 against a real search tool, and the resulting trajectories train the model on ``response_mask`` 1
@@ -7,7 +7,9 @@ tokens only, exactly the tokens RL will later train on.
     python toolkits/sft_warmstart.py --model outputs/tiny/model/base --data outputs/tiny/data/train.prepared.jsonl \
         --server-addr 127.0.0.1:8000 --out outputs/tiny/model/sft
 
-The behaviours and their shares are in ``toolkits/sft_scripts.py``.
+The behaviours and their shares are in ``toolkits/sft_scripts.py``. ``--protocol toolcall`` writes the turns as
+function calls through the chat template (``agent.protocol: toolcall``; the model needs a template with tools, as
+``toolkits/make_tiny_model.py --tool-calling`` makes).
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents import build_agent_loop
+from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
+from rlinf_search.agents.toolcall.search_function import SearchFunction
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prompt_tokens import PromptTokenizer
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
-from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
+from toolkits.sft_scripts import SEARCHR1_TURNS, BehaviourMix, SyntheticScripts, TurnStyle
 from toolkits.sft_training import (
     GoalNotReached,
     SFTConfig,
@@ -47,24 +52,26 @@ ScriptFn = Callable[[QARecord, random.Random], list[str]]
 
 async def collect_trajectories(records: list[QARecord], script: ScriptFn, tool: SearchTool, tokenizer,
                                loop_config: AgentLoopConfig, *, seed: int = 0) -> list[Trajectory]:
-    """Run one scripted rollout per record through the real agent loop and search tool."""
+    """Run one scripted rollout per record through the real agent loop of ``loop_config.protocol`` and the
+    search tool."""
     rng = random.Random(seed)
     scripts = [script(record, rng) for record in records]
 
     async def one(record: QARecord, turns: list[str]) -> Trajectory:
-        loop = SearchR1AgentLoop(ScriptedEngine(tokenizer, turns), tool, tokenizer, loop_config)
+        loop = build_agent_loop(ScriptedEngine(tokenizer, turns), tool, tokenizer, loop_config)
         return await loop.run(record)
 
     return list(await asyncio.gather(*(one(r, s) for r, s in zip(records, scripts))))
 
 
 @torch.no_grad()
-def search_probabilities(model, tokenizer, records: list[QARecord]) -> list[float]:
+def search_probabilities(model, tokenizer, records: list[QARecord], style: TurnStyle = SEARCHR1_TURNS) -> list[float]:
     """The model's chance of opening its first turn with a search, per record (the prompt as the agent
-    loop builds it). Greedy decoding searches where it is above one half."""
-    prompts = PromptTokenizer(tokenizer)
-    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
-    position = decision_position(tokenizer)
+    loop of ``style.protocol`` builds it). Greedy decoding searches where it is above one half."""
+    tools = [SearchFunction.from_schema(None).schema] if style.protocol == "toolcall" else None
+    prompts = PromptTokenizer(tokenizer, tools=tools)
+    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in (style.search_open, "<answer>"))
+    position = decision_position(tokenizer, style.search_open)
     chances = []
     for record in records:
         ids = prompts.ids(record) + search[:position]  # the shared opening, if the tags have one
@@ -75,16 +82,19 @@ def search_probabilities(model, tokenizer, records: list[QARecord]) -> list[floa
 
 
 def warm_start(model_dir: Path, out_dir: Path, stages: list[SFTStage], config: SFTConfig,
-               probe: list[QARecord] = (), probes: ProbeSet | None = None) -> tuple[WarmStartLog, list[float]]:
+               probe: list[QARecord] = (), probes: ProbeSet | None = None,
+               style: TurnStyle | None = None) -> tuple[WarmStartLog, list[float]]:
     """Load ``model_dir``, train on the stages and save the result (model and tokenizer) to ``out_dir``;
     what training did, and the chance of searching first on each ``probe`` record. Nothing is saved when a
-    stage misses its goal (``GoalNotReached`` propagates)."""
+    stage misses its goal (``GoalNotReached`` propagates). ``style``: the protocol the trajectories speak
+    (None: Search-R1's tags)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    style = style or SEARCHR1_TURNS
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    log = train_sft(model, tokenizer, stages, config, probes)
-    chances = search_probabilities(model, tokenizer, list(probe))
+    log = train_sft(model, tokenizer, stages, config, probes, search_open=style.search_open)
+    chances = search_probabilities(model, tokenizer, list(probe), style)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -98,6 +108,21 @@ async def _collect_from_server(records: list[QARecord], scripts: SyntheticScript
         return await collect_trajectories(records, scripts, tool, tokenizer, loop_config, seed=seed)
     finally:
         await tool.aclose()
+
+
+def _collect_all(records: list[QARecord], val_records: list[QARecord], scripts: SyntheticScripts, tokenizer, args,
+                 loop_config: AgentLoopConfig) -> tuple[list[Trajectory], list[Trajectory], list[Trajectory]]:
+    """The good searches and the behaviour mix on the training questions, and the probes' good searches on the
+    validation questions, each through the real agent loop and the search server at ``args.server_addr``."""
+    good = asyncio.run(_collect_from_server(records, lambda record, rng: scripts.good_search(record), tokenizer,
+                                            args.server_addr, loop_config, args.seed))
+    mixed = asyncio.run(_collect_from_server(records * args.trajectories_per_question, scripts, tokenizer,
+                                             args.server_addr, loop_config, args.seed))
+    # The probes' searches get a turn for every hop, whatever --max-turns: they score reading, not turn budgets.
+    probe_config = dataclasses.replace(loop_config, max_turns=max(loop_config.max_turns, 2))
+    probed = asyncio.run(_collect_from_server(val_records, lambda record, rng: scripts.good_search(record), tokenizer,
+                                              args.server_addr, probe_config, args.seed))
+    return good, mixed, probed
 
 
 def goals(args) -> tuple[StageGoal | None, StageGoal | None]:
@@ -123,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="prepared synthetic training jsonl")
     parser.add_argument("--server-addr", required=True, help="retrieval server host:port")
     parser.add_argument("--out", required=True, help="directory for the warm-started model")
+    parser.add_argument("--protocol", choices=("searchr1", "toolcall"), default="searchr1",
+                        help="agent.protocol of the scripted turns (and of the RL run that follows)")
     parser.add_argument("--val-data", help="prepared synthetic validation jsonl: every stage prints the probes on it "
                                            "as it goes, and the skill and mix stages train until their goals hold")
     parser.add_argument("--probe-questions", type=int, default=200, help="validation questions the probes read")
@@ -170,27 +197,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="train the search-or-answer token in the reading and skill stages too (the warm start "
                              "before issue 12, whose greedy choice sat on a knife's edge; for comparison only)")
     args = parser.parse_args(argv)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
     try:
         mix = BehaviourMix(search=args.search_share, bad_query=args.bad_query_share)
         records = load_records(args.data)
-        scripts = SyntheticScripts(records, mix)
+        style = TurnStyle.for_protocol(args.protocol, tokenizer)
+        scripts = SyntheticScripts(records, mix, style)
         val_records = load_records(args.val_data)[: args.probe_questions] if args.val_data else []
         skill_goal, mix_goal = goals(args)
     except (ValueError, OSError) as exc:
         print(f"sft_warmstart: {exc}", file=sys.stderr)
         return 1
     loop_config = AgentLoopConfig(max_turns=args.max_turns, max_tokens_per_turn=64, max_obs_tokens=args.max_obs_tokens,
-                                  max_passage_tokens=args.max_passage_tokens, topk=args.topk)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+                                  max_passage_tokens=args.max_passage_tokens, topk=args.topk, protocol=args.protocol)
     started = time.monotonic()
-    good = asyncio.run(_collect_from_server(records, lambda record, rng: scripts.good_search(record), tokenizer,
-                                            args.server_addr, loop_config, args.seed))
-    mixed = asyncio.run(_collect_from_server(records * args.trajectories_per_question, scripts, tokenizer,
-                                             args.server_addr, loop_config, args.seed))
-    # The probes' searches get a turn for every hop, whatever --max-turns: they score reading, not turn budgets.
-    probe_config = dataclasses.replace(loop_config, max_turns=max(loop_config.max_turns, 2))
-    probed = asyncio.run(_collect_from_server(val_records, lambda record, rng: scripts.good_search(record), tokenizer,
-                                              args.server_addr, probe_config, args.seed))
+    try:
+        good, mixed, probed = _collect_all(records, val_records, scripts, tokenizer, args, loop_config)
+    except TemplateWithoutTools as exc:
+        print(f"sft_warmstart: {exc}", file=sys.stderr)
+        return 1
     failed = sum(1 for t in good + mixed + probed if t.search_errors)
     if failed:
         print(f"sft_warmstart: {failed} scripted trajectories saw failed searches; is the server at "
@@ -198,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"collected {len(good) + len(mixed)} scripted trajectories and {len(probed)} validation probes in "
           f"{time.monotonic() - started:.1f} s")
-    probes = ProbeSet(val_records, probed, tokenizer) if val_records else None
+    probes = ProbeSet(val_records, probed, tokenizer, search_open=style.search_open) if val_records else None
     early = args.decision_in_every_stage
     # The induction stage is read at its end only (the probes read the task, which it never shows). The mix stage
     # too: it sets the search rate while its lr decays, and stopping it early would leave that rate to the batches
@@ -217,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed, final_stage_decay=args.final_lr_decay)
     probe = random.Random(args.seed).sample(records, min(200, len(records)))
     try:
-        log, chances = warm_start(Path(args.model), Path(args.out), stages, config, probe, probes)
+        log, chances = warm_start(Path(args.model), Path(args.out), stages, config, probe, probes, style)
     except GoalNotReached as exc:
         print(exc, file=sys.stderr)
         return 1

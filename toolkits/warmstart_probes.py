@@ -56,9 +56,10 @@ class TrajectoryScores:
     """The chance of the search tag's deciding token against the answer tag's, at the first turn."""
 
 
-def decision_position(tokenizer) -> int:
-    """Index, in the first turn's ids, of the token that decides between searching and answering."""
-    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
+def decision_position(tokenizer, search_open: str = "<search>") -> int:
+    """Index, in the first turn's ids, of the token that decides between searching (a turn opening with
+    ``search_open``: ``<search>``, or ``<tool_call>`` in the toolcall protocol) and answering."""
+    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in (search_open, "<answer>"))
     return next(i for i, (a, b) in enumerate(zip(search, answer)) if a != b)
 
 
@@ -84,11 +85,12 @@ def first_turn(response_mask: list[int]) -> torch.Tensor:
 
 @torch.no_grad()
 def score_trajectories(model, trajectories: list[Trajectory], tokenizer, *, batch_size: int = 32,
-                       pad_id: int = 0) -> list[TrajectoryScores]:
-    """Teacher-forced scores of scripted good searches (each starting with a search), ``batch_size`` rows a pass
-    (right-padded: a causal model's real tokens never see the padding after them)."""
-    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<search>", "<answer>"))
-    decision = decision_position(tokenizer)
+                       pad_id: int = 0, search_open: str = "<search>") -> list[TrajectoryScores]:
+    """Teacher-forced scores of scripted good searches (each starting with a search that opens with
+    ``search_open``), ``batch_size`` rows a pass (right-padded: a causal model's real tokens never see the padding
+    after them)."""
+    search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in (search_open, "<answer>"))
+    decision = decision_position(tokenizer, search_open)
     scores = []
     for start in range(0, len(trajectories), batch_size):
         chunk = trajectories[start: start + batch_size]
@@ -125,17 +127,19 @@ class ProbeSet:
     """Scripted good searches on validation questions, collected once, read against any model that shares
     their tokenizer."""
 
-    def __init__(self, records: list[QARecord], trajectories: list[Trajectory], tokenizer):
+    def __init__(self, records: list[QARecord], trajectories: list[Trajectory], tokenizer, *,
+                 search_open: str = "<search>"):
         if not trajectories:
             raise ValueError("the warm-start probes need at least one validation question")
-        self.trajectories, self.tokenizer = trajectories, tokenizer
+        self.trajectories, self.tokenizer, self.search_open = trajectories, tokenizer, search_open
         self.found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def read(self, model) -> ProbeReading:
         was_training = model.training
         model.eval()
-        scores = score_trajectories(model, self.trajectories, self.tokenizer, pad_id=self.pad_id)
+        scores = score_trajectories(model, self.trajectories, self.tokenizer, pad_id=self.pad_id,
+                                    search_open=self.search_open)
         model.train(was_training)
         chances = [s.search_chance for s in scores]
         answerable = [s for s, f in zip(scores, self.found) if f]

@@ -1,7 +1,7 @@
 """Score a checkpoint: greedy Search-R1 rollouts over eval data, EM / sub-EM / F1 per data source.
 
     python -m rlinf_search.runners.eval_runner --model CKPT/hf_model --data test.jsonl \\
-        --server-addr 127.0.0.1:8000 --out eval_dir
+        --server-addr 127.0.0.1:8000 --out eval_dir [--protocol toolcall]
 
 Works on any Hugging Face causal LM directory (a converted checkpoint, the tiny default, Qwen2.5).
 Writes ``eval_results.json`` (the scores and every trajectory) and prints a table.
@@ -16,9 +16,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlinf_search.agents import build_agent_loop
+from rlinf_search.agents import AGENT_PROTOCOLS, build_agent_loop
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.agents.searchr1.metrics import rollout_metrics
+from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
 from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
 from rlinf_search.data.prepare import load_records
 from rlinf_search.rewards import compute_score, last_answer
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="prepared jsonl (python -m rlinf_search.data.prepare)")
     parser.add_argument("--server-addr", default="127.0.0.1:8000", help="retrieval server host:port")
     parser.add_argument("--out", required=True, help="folder for eval_results.json")
+    parser.add_argument("--protocol", default=AgentLoopConfig.protocol,
+                        help="agent.protocol the model was trained in: searchr1 (tags) or toolcall (function calling "
+                             "with the built-in search schema)")
     parser.add_argument("--max-turns", type=int, default=AgentLoopConfig.max_turns)
     parser.add_argument("--max-samples", type=int, default=None)
     parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)
@@ -114,13 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         records = load_records(args.data)[: args.max_samples]
+        AGENT_PROTOCOLS.resolve(args.protocol, key="--protocol")
     except (FileNotFoundError, ValueError) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 1
     loop_config = AgentLoopConfig(max_turns=args.max_turns, topk=args.topk, max_tokens_per_turn=args.max_new_tokens,
-                                  sampling=SamplingParams(greedy=True))
-    report, _ = asyncio.run(evaluate(args.model, records, SearchToolConfig(server_addr=args.server_addr,
-                                                                           topk=args.topk), loop_config))
+                                  sampling=SamplingParams(greedy=True), protocol=args.protocol)
+    try:
+        report, _ = asyncio.run(evaluate(args.model, records, SearchToolConfig(server_addr=args.server_addr,
+                                                                               topk=args.topk), loop_config))
+    except TemplateWithoutTools as exc:
+        print(f"eval: {exc}", file=sys.stderr)
+        return 1
     print(format_table(report))
     print(f"wrote {write_report(report, Path(args.out), model_path=args.model)}")
     return 0
