@@ -62,10 +62,11 @@ def _config(model_dir, **changes) -> ActorConfig:
     return ActorConfig(**settings)
 
 
-def one_process_and_two_ranks(config: ActorConfig, batch, tmp_path) -> tuple[dict, dict, list[dict]]:
-    """One PPO update of ``batch`` in one process (``ddp`` at one rank), then ``train_steps`` on 2 spawned
-    ranks under ``config``: (the process's metrics, its weights, each rank's results)."""
-    single = PolicyTrainer(replace(config, training_backend="ddp"))
+def one_process_and_two_ranks(config: ActorConfig, batch, tmp_path, **single_changes) -> tuple[dict, dict, list[dict]]:
+    """One PPO update of ``batch`` in one process (``ddp`` at one rank, ``single_changes`` applied to its config),
+    then ``train_steps`` on 2 spawned ranks under ``config``: (the process's metrics, its weights, each rank's
+    results)."""
+    single = PolicyTrainer(replace(config, training_backend="ddp", **single_changes))
     batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
     expected = single.train_on_batch(batch)
     expected_weights = single.rollout_state_dict()

@@ -6,7 +6,6 @@ with micro-batches, and on 2 ranks with uneven shares."""
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import replace
 
 import pytest
@@ -21,8 +20,7 @@ from rlinf_search.data.turn_rows import model_turns, split_turns
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.logprobs import place_rows
 from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
-from tests.fsdp_ranks import train_steps
-from tests.test_fsdp import _spawn, _uneven_batch
+from tests.test_fsdp import _uneven_batch, one_process_and_two_ranks
 
 
 def _one_turn_batch(tokenizer, rows: int = 6):
@@ -125,15 +123,8 @@ def test_two_fsdp_ranks_of_turn_rows_match_one_packed_process(tiny_model_dir, tm
     config = _config(tiny_model_dir, training_backend="fsdp", max_tokens_per_mbs=60, pack_traj=False,
                      optim=OptimConfig(lr=1.0, adam_eps=1.0, weight_decay=0.0, clip_grad=0.5, total_steps=10),
                      loss=PolicyLossConfig(kl_beta=0.0, loss_agg_func="seq-mean-token-mean"))
-    batch = _uneven_batch(tokenizer)
-    single = PolicyTrainer(replace(config, training_backend="ddp", pack_traj=True))
-    batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
-    expected = single.train_on_batch(batch)
-    expected_weights = single.rollout_state_dict()
-    (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
-    (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
-    _spawn(train_steps, 2, str(tmp_path))
-    ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+    expected, expected_weights, ranks = one_process_and_two_ranks(config, _uneven_batch(tokenizer), tmp_path,
+                                                                  pack_traj=True)
     for name, tensor in ranks[0]["weights"].items():
         torch.testing.assert_close(tensor, expected_weights[name], atol=1e-5, rtol=0, msg=name)
     assert ranks[0]["metrics"]["actor/grad_norm"] == pytest.approx(expected["actor/grad_norm"], rel=1e-4)

@@ -38,8 +38,11 @@ class TurnRows:
     """One row per model turn, in trajectory order then turn order."""
     trajectory_of_row: list[int]
     """The trajectory (row of the batch that was cut) each turn row comes from."""
-    trajectories: int
-    """Trajectories with at least one model token: the ``seq-mean`` modes' count."""
+
+    @property
+    def trajectories(self) -> int:
+        """Trajectories with at least one model token (a whole batch without any counts its rows)."""
+        return len(set(self.trajectory_of_row))
 
 
 def model_turns(mask: torch.Tensor) -> list[tuple[int, int]]:
@@ -67,7 +70,7 @@ def split_turns(batch: RolloutBatch, loss_agg_func: str) -> TurnRows:
     for row in range(len(batch)):
         cuts += [(row, start, end) for start, end in model_turns(batch.response_mask[row])]
     if not cuts:
-        return TurnRows(batch, list(range(len(batch))), 0)
+        return TurnRows(batch, list(range(len(batch))))
     real = batch.attention_mask.bool()
     prompts = [batch.input_ids[row, :width][real[row, :width]] for row, _, _ in cuts]
     contexts = [torch.cat([prompt, batch.input_ids[row, width: width + start]])
@@ -107,4 +110,4 @@ def split_turns(batch: RolloutBatch, loss_agg_func: str) -> TurnRows:
                      uids=[batch.uids[row] for row in of_row],
                      extra={key: [values[row] for row in of_row] for key, values in batch.extra.items()},
                      loss_scale=scale, **changes)
-    return TurnRows(turned, of_row, len(set(of_row)))
+    return TurnRows(turned, of_row)
