@@ -1,20 +1,25 @@
-"""Step time of the three pipelines (sync, overlap, stream) at the shape of RLinf's Search-R1 run, with
-simulated service times.
+"""Step time of the pipelines (lockstep, sync, overlap, stream, async) at the shape of RLinf's Search-R1 run,
+with simulated service times, beside the ideal (the same GPU work perfectly packed).
 
-    python benchmarks/pipeline.py [--devices 8] [--rollout-devices 4] [--prompts 512] [--group-size 5]
-                                  [--max-turns 4] [--steps 3] [--modes sync,overlap,stream] [--agent-loop-workers 0]
-                                  [--set FIELD=VALUE ...]
+    python benchmarks/pipeline.py [--devices 8] [--rollout-devices 2,3,4,5] [--prompts 512] [--group-size 5]
+                                  [--max-turns 4] [--steps 3] [--modes lockstep,sync,overlap,stream,async]
+                                  [--max-staleness 1] [--agent-loop-workers 0] [--set FIELD=VALUE ...]
 
 Each mode is a real training run (``runners/train_main.train``: Ray worker groups, the Search-R1 agent
 loops, the SearchTool group and its client, sharded reward ranks, the channel of finished groups, weight
 sync) in which the engines, the trainer and the retriever sleep for what a Qwen2.5-3B run on H100s would
 take (``benchmarks/pipeline_sim.py``: the throughput model and where its figures come from). ``--devices``
-CPU slots stand for the GPUs; ``sync`` puts engines and actor on all of them (the engine steps aside for
-training), ``overlap`` and ``stream`` give ``--rollout-devices`` to the engines and the rest to the actor.
+CPU slots stand for the GPUs; ``lockstep`` and ``sync`` put engines and actor on all of them (the engine steps
+aside for training); ``overlap``, ``stream`` and ``async`` give each of ``--rollout-devices`` (a comma list: a
+sweep) to the engines and the rest to the actor. ``lockstep`` is Search-R1's own loop: ``sync``'s placement,
+a global barrier and one batched retrieval per turn, and its recipe's engine and trainer settings
+(``benchmarks/pipeline_lockstep.py``: each with its source or marked an assumption).
 
 The table gives the mean step time after the first step (from the runs' metrics.jsonl), each group's idle
-share of those steps (from the busy intervals the simulated components log), and the trajectories'
-p99/median time; ``--out`` gets ``results.json`` and ``timeline.png`` (one row per rank, busy vs idle).
+share of those steps (from the busy intervals the simulated components log), the trajectories' p99/median
+time and the mean staleness of the trained tokens; the ``ideal`` line is sync's GPU work (every decode step
+counted as a share of a full batch, every actor pass) divided over the devices. ``--out`` gets ``results.json``
+and ``timeline.png`` (one row per rank, busy vs idle).
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ sys.path.insert(0, str(ROOT))
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from benchmarks.pipeline_lockstep import LOCKSTEP_MODEL  # noqa: E402
 from benchmarks.pipeline_sim import SETTINGS_ENV, ServiceModel, Settings, write_settings  # noqa: E402
 from toolkits.make_tiny_model import make_tiny_model  # noqa: E402
 from toolkits.synth_task import SynthSpec, write_task  # noqa: E402
 
-MODES = ("sync", "overlap", "stream")
+MODES = ("lockstep", "sync", "overlap", "stream", "async")
+SPLIT_MODES = ("overlap", "stream", "async")
+"""Modes on disjoint engine and actor devices: run once per ``--rollout-devices`` split."""
 GROUPS = ("rollout", "actor", "search")
 _TRAIN = ("import sys; from omegaconf import OmegaConf; from rlinf_search.config import validate_cfg; "
           "from rlinf_search.runners.train_main import train; train(validate_cfg(OmegaConf.load(sys.argv[1])))")
@@ -58,19 +66,24 @@ def placement(mode: str, devices: int, rollout_devices: int) -> dict[str, str]:
     # Two reward ranks on two slots past the GPUs' (CPU work on a real cluster): a reward rank on an engine's
     # device would make the placement hybrid, and overlap needs it disaggregated.
     reward = f"{devices}-{devices + 1}"
-    if mode == "sync":
+    if mode not in SPLIT_MODES:
         return {"actor,rollout": f"0-{devices - 1}", "reward": reward}
     return {"rollout": f"0-{rollout_devices - 1}", "actor": f"{rollout_devices}-{devices - 1}", "reward": reward}
 
 
-def run_config(mode: str, work: Path, paths: dict, args) -> Path:
+def run_config(mode: str, name: str, rollout_devices: int, work: Path, paths: dict, args) -> Path:
     cfg = OmegaConf.load(ROOT / "examples/searchr1/config/tiny-cpu.yaml")
     del cfg["hydra"]
-    out = work / mode
+    out = work / name
     cfg.cluster.cpu_slots_per_node = args.devices + 2
-    cfg.cluster.component_placement = placement(mode, args.devices, args.rollout_devices)
+    cfg.cluster.component_placement = placement(mode, args.devices, rollout_devices)
     cfg.runner.update(output_dir=str(out), max_steps=args.steps, save_interval=0, val_check_interval=0,
-                      resume_dir=None, rollout_dump=0, pipeline=mode, seq_length=4096)
+                      resume_dir=None, rollout_dump=0, pipeline="sync" if mode == "lockstep" else mode,
+                      seq_length=4096)
+    if mode == "async":
+        cfg.runner.max_staleness = args.max_staleness
+    if mode == "lockstep":
+        cfg.agent.protocol = "benchmarks.pipeline_lockstep:LockstepAgentLoop"
     cfg.runner.logger.logger_backends = ["jsonl"]
     cfg.rollout.rollout_backend = f"{_SIM}:build_engine"
     cfg.rollout.model.model_path = str(paths["model"])
@@ -78,9 +91,10 @@ def run_config(mode: str, work: Path, paths: dict, args) -> Path:
     cfg.data.update(train_data_paths=[str(paths["train"])], val_data_paths=[], rollout_batch_size=args.prompts,
                     max_prompt_length=512)
     # Search-R1's GRPO recipe: 5 samples, 2 mini-batches (ppo_mini_batch_size 256 of 512), 500 tokens a turn,
-    # 500 of observation, top-3 passages; old and reference log-probs are inside the simulated update.
-    cfg.algorithm.update(group_size=args.group_size, n_minibatches=args.minibatches, recompute_logprobs=False,
-                         kl_beta=0.0)
+    # 500 of observation, top-3 passages. Old log-probs are recomputed by the actor (the reference pass folded
+    # into that call: kl_beta 0 here); stream cannot recompute on the actor, so its update pays for both passes.
+    cfg.algorithm.update(group_size=args.group_size, n_minibatches=args.minibatches,
+                         recompute_logprobs=mode != "stream", kl_beta=0.0)
     cfg.algorithm.sampling_params.max_new_tokens = 500
     cfg.agentloop.update(max_turns=args.max_turns, max_tool_response_length=500, max_passage_tokens=150)
     cfg.tools.search.update(backend=f"{_SIM}:build_search_backend", topk=3, num_workers=2)
@@ -90,17 +104,18 @@ def run_config(mode: str, work: Path, paths: dict, args) -> Path:
     return path
 
 
-def run_mode(mode: str, work: Path, paths: dict, args, env: dict) -> tuple[dict, list[dict]]:
-    """The mode's summary and its trace (every busy interval the simulated components logged)."""
-    shutil.rmtree(work / mode, ignore_errors=True)  # metrics.jsonl appends: a rerun starts clean
-    config = run_config(mode, work, paths, args)
-    print(f"running {mode} ({args.steps} steps)...", flush=True)
-    with (work / f"{mode}.log").open("w") as log:
+def run_mode(mode: str, name: str, rollout_devices: int, work: Path, paths: dict, args,
+             env: dict) -> tuple[dict, list[dict]]:
+    """The run's summary and its trace (every busy interval the simulated components logged)."""
+    shutil.rmtree(work / name, ignore_errors=True)  # metrics.jsonl appends: a rerun starts clean
+    config = run_config(mode, name, rollout_devices, work, paths, args)
+    print(f"running {name} ({args.steps} steps)...", flush=True)
+    with (work / f"{name}.log").open("w") as log:
         subprocess.run([sys.executable, "-c", _TRAIN, str(config)], check=True, cwd=ROOT, stdout=log,
                        stderr=subprocess.STDOUT, env=env)
-    rows = [json.loads(line) for line in (work / mode / "logs" / "metrics.jsonl").read_text().splitlines()]
-    trace = read_trace(work / f"trace-{mode}")
-    return summarise(rows, trace), trace
+    rows = [json.loads(line) for line in (work / name / "logs" / "metrics.jsonl").read_text().splitlines()]
+    trace = read_trace(work / f"trace-{name}")
+    return summarise(rows, trace, devices=args.devices), trace
 
 
 def read_trace(folder: Path) -> list[dict]:
@@ -123,8 +138,9 @@ def busy_share(intervals: list[dict], start: float, end: float) -> float:
     return sum(shares) / len(shares) if shares else 0.0
 
 
-def summarise(rows: list[dict], trace: list[dict]) -> dict:
-    """Steps after the first: their mean wall time, each group's idle share, the trajectory tail."""
+def summarise(rows: list[dict], trace: list[dict], *, devices: int) -> dict:
+    """Steps after the first: their mean wall time, each group's idle share, the trajectory tail, the staleness
+    of the trained tokens, and the steps' GPU work packed on ``devices`` (``ideal_step_s``)."""
     later = rows[1:]
     start, end = rows[0]["time"], rows[-1]["time"]
     out = {"step_s": (end - start) / len(later), "steps": len(later),
@@ -132,17 +148,33 @@ def summarise(rows: list[dict], trace: list[dict]) -> dict:
            "trajectory_p99_s": _mean(r["rollout/trajectory_s_p99"] for r in later),
            "searches_per_trajectory": _mean(r["rollout/searches_per_trajectory"] for r in later),
            "response_tokens": _mean(r["rollout/response_length"] for r in later),
+           "mean_lag": _mean(r.get("staleness/mean_lag", 0.0) for r in later),
+           "ideal_step_s": gpu_work(trace, start, end) / devices / len(later),
            "window": [start, end]}
     for group in GROUPS:
         out[f"idle_{group}"] = 1.0 - busy_share([t for t in trace if t["group"] == group], start, end)
     return out
 
 
+def gpu_work(trace: list[dict], start: float, end: float) -> float:
+    """GPU-seconds of work in [start, end]: every actor pass as it ran (one GPU each), and the engines' decoding
+    and prefill as if every step ran a full batch (``ideal_s``, shared out by each stretch's overlap with the
+    window). Weight syncs and engine offloads are left out: the packed step would need them too, but not as work."""
+    work = 0.0
+    for row in trace:
+        overlap = max(0.0, min(row["end"], end) - max(row["start"], start))
+        if row["group"] == "actor":
+            work += overlap
+        elif row["group"] == "rollout" and row["what"] == "decode" and row["end"] > row["start"]:
+            work += row["ideal_s"] * overlap / (row["end"] - row["start"])
+    return work
+
+
 def gpu_idle(mode: str, result: dict, devices: int, rollout_devices: int) -> float:
-    """Share of the GPUs' time with nothing on them. ``sync``: engine and actor share every GPU and take
-    turns (the engine offloaded while the actor trains), so a GPU idles when neither works; otherwise each
-    group's idle share weighted by its GPUs."""
-    if mode == "sync":
+    """Share of the GPUs' time with nothing on them. ``lockstep`` and ``sync``: engine and actor share every GPU
+    and take turns (the engine offloaded while the actor trains), so a GPU idles when neither works; otherwise
+    each group's idle share weighted by its GPUs."""
+    if mode not in SPLIT_MODES:
         return max(0.0, result["idle_rollout"] + result["idle_actor"] - 1.0)
     actor_devices = devices - rollout_devices
     return (rollout_devices * result["idle_rollout"] + actor_devices * result["idle_actor"]) / devices
@@ -153,21 +185,31 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
-def table(results: dict[str, dict]) -> str:
-    base = results.get("sync", {}).get("step_s")
-    lines = ["| mode | step s | vs sync | GPUs idle | idle engines | idle actor | idle retriever | traj p50 s | "
-             "traj p99 s | p99/p50 |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for mode, r in results.items():
-        ratio = f"{r['step_s'] / base:.2f}x" if base else "-"
-        lines.append(f"| {mode} | {r['step_s']:.1f} | {ratio} | {r['idle_gpus']:.0%} | {r['idle_rollout']:.0%} | "
-                     f"{r['idle_actor']:.0%} | "
-                     f"{r['idle_search']:.0%} | {r['trajectory_p50_s']:.1f} | {r['trajectory_p99_s']:.1f} | "
-                     f"{r['trajectory_p99_s'] / r['trajectory_p50_s']:.1f} |")
+def table(results: dict[str, dict], ideal: float | None) -> str:
+    """One row per run (``ideal``: the packed step, seconds) and an ``ideal`` row; ratios against lockstep, sync
+    and the ideal where those ran."""
+    lockstep = results.get("lockstep", {}).get("step_s")
+    sync = results.get("sync", {}).get("step_s")
+
+    def ratio(value: float, base: float | None) -> str:
+        return f"{value / base:.2f}x" if base else "-"
+
+    lines = ["| mode | engines+actor | step s | vs lockstep | vs sync | vs ideal | GPUs idle | idle engines | "
+             "idle actor | idle retriever | traj p50 s | traj p99 s | mean lag |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {r['mode']} | {r['split']} | {r['step_s']:.1f} | {ratio(r['step_s'], lockstep)} | "
+                     f"{ratio(r['step_s'], sync)} | {ratio(r['step_s'], ideal)} | {r['idle_gpus']:.0%} | "
+                     f"{r['idle_rollout']:.0%} | {r['idle_actor']:.0%} | {r['idle_search']:.0%} | "
+                     f"{r['trajectory_p50_s']:.1f} | {r['trajectory_p99_s']:.1f} | {r['mean_lag']:.2f} |")
+    if ideal:
+        lines.append(f"| ideal | packed | {ideal:.1f} | {ratio(ideal, lockstep)} | {ratio(ideal, sync)} | 1.00x | "
+                     "0% | - | - | - | - | - | - |")
     return "\n".join(lines)
 
 
-COLOURS = {"decode": "tab:blue", "train": "tab:orange", "retrieve": "tab:green", "weight_sync": "tab:red",
-           "offload": "tab:gray", "onload": "tab:gray"}
+COLOURS = {"decode": "tab:blue", "train": "tab:orange", "logprobs": "tab:brown", "retrieve": "tab:green",
+           "weight_sync": "tab:red", "offload": "tab:gray", "onload": "tab:gray"}
 
 
 def plot_timeline(traces: dict[str, list[dict]], results: dict[str, dict], path: Path) -> None:
@@ -216,15 +258,27 @@ def service_model(overrides: list[str], parser: argparse.ArgumentParser) -> Serv
     return dataclasses.replace(ServiceModel(), **changes)
 
 
+def runs(modes: list[str], splits: list[int], devices: int) -> list[tuple[str, str, int]]:
+    """(mode, run name, engine devices) of every run: the split modes once per split, the others once."""
+    out = []
+    for mode in modes:
+        for rollout_devices in (splits if mode in SPLIT_MODES else [devices]):
+            name = f"{mode}-{rollout_devices}+{devices - rollout_devices}" if mode in SPLIT_MODES else mode
+            out.append((mode, name, rollout_devices))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--rollout-devices", type=int, default=4, help="engines' share in overlap and stream")
+    parser.add_argument("--rollout-devices", default="4",
+                        help="engines' devices in overlap, stream and async; a comma list runs each (a sweep)")
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--group-size", type=int, default=5)
     parser.add_argument("--minibatches", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--max-staleness", type=int, default=1, help="runner.max_staleness of the async runs")
     parser.add_argument("--agent-loop-workers", type=int, default=0,
                         help="agentloop.num_workers: 0 runs the agent loops inside the rollout ranks")
     parser.add_argument("--modes", default=",".join(MODES))
@@ -233,35 +287,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="folder for results.json and timeline.png")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
+    splits = [int(r) for r in args.rollout_devices.split(",") if r]
     unknown = [m for m in modes if m not in MODES]
-    if unknown or not 0 < args.rollout_devices < args.devices:
-        parser.error(f"--modes from {', '.join(MODES)}; 0 < --rollout-devices < --devices")
+    if unknown or not splits or not all(0 < r < args.devices for r in splits):
+        parser.error(f"--modes from {', '.join(MODES)}; each of --rollout-devices between 1 and --devices - 1")
     model = service_model(args.set, parser)
     work = Path(args.out or tempfile.mkdtemp(prefix="bench_pipeline_"))
     work.mkdir(parents=True, exist_ok=True)
     paths = prepare(work, args.prompts)
     results, traces = {}, {}
-    for mode in modes:
-        trace_dir = work / f"trace-{mode}"
+    for mode, name, rollout_devices in runs(modes, splits, args.devices):
+        trace_dir = work / f"trace-{name}"
         trace_dir.mkdir(exist_ok=True)
         for old in trace_dir.glob("*.jsonl"):
             old.unlink()
-        settings = write_settings(work / "settings.json",
-                                  Settings(model=model, trace_dir=str(trace_dir)))
+        mode_model = dataclasses.replace(model, **LOCKSTEP_MODEL) if mode == "lockstep" else model
+        settings = write_settings(work / "settings.json", Settings(model=mode_model, trace_dir=str(trace_dir)))
         env = {**os.environ, SETTINGS_ENV: str(settings)}
-        results[mode], traces[mode] = run_mode(mode, work, paths, args, env)
-        results[mode]["idle_gpus"] = gpu_idle(mode, results[mode], args.devices, args.rollout_devices)
+        results[name], traces[name] = run_mode(mode, name, rollout_devices, work, paths, args, env)
+        results[name].update(mode=mode, rollout_devices=rollout_devices,
+                             split=f"{rollout_devices}+{args.devices - rollout_devices}" if mode in SPLIT_MODES
+                             else f"{args.devices} shared",
+                             idle_gpus=gpu_idle(mode, results[name], args.devices, rollout_devices))
     if model.time_scale != 1:
         print("note: time_scale speeds the simulation up, but not the runtime's own CPU work: it then weighs more")
-    print(f"\n{args.devices} devices ({args.rollout_devices} engines in overlap/stream), {args.prompts} prompts x "
-          f"{args.group_size}, up to {args.max_turns} tool turns, {args.minibatches} mini-batches, "
-          f"{args.agent_loop_workers} agent-loop ranks, "
-          f"time scale {model.time_scale:g} (the table is in simulated seconds); model changes: {args.set or 'none'}")
-    scaled = {m: {**r, **{k: r[k] * model.time_scale for k in ("step_s", "trajectory_p50_s", "trajectory_p99_s")}}
-              for m, r in results.items()}
-    print(table(scaled))
-    (work / "results.json").write_text(json.dumps({"args": vars(args), "results": scaled}, indent=1))
-    plot_timeline(traces, results, work / "timeline.png")
+    print(f"\n{args.devices} devices, {args.prompts} prompts x {args.group_size}, up to {args.max_turns} tool turns, "
+          f"{args.minibatches} mini-batches, {args.agent_loop_workers} agent-loop ranks, async max_staleness "
+          f"{args.max_staleness}, time scale {model.time_scale:g} (the table is in simulated seconds); "
+          f"model changes: {args.set or 'none'}; lockstep's own: {LOCKSTEP_MODEL}")
+    timed = ("step_s", "ideal_step_s", "trajectory_p50_s", "trajectory_p99_s")
+    scaled = {n: {**r, **{k: r[k] * model.time_scale for k in timed}} for n, r in results.items()}
+    ideal = scaled["sync"]["ideal_step_s"] if "sync" in scaled else None
+    print(table(scaled, ideal))
+    best = {mode: min((r for r in scaled.values() if r["mode"] == mode), key=lambda r: r["step_s"])
+            for mode in SPLIT_MODES if any(r["mode"] == mode for r in scaled.values())}
+    for mode, r in best.items():
+        print(f"best {mode}: {r['split']} at {r['step_s']:.1f} s")
+    (work / "results.json").write_text(json.dumps({"args": vars(args), "lockstep_model": LOCKSTEP_MODEL,
+                                                   "ideal_step_s": ideal, "results": scaled,
+                                                   "best": {m: r["split"] for m, r in best.items()}}, indent=1))
+    # The timeline shows the runs of the shared placement and each split mode's best split.
+    shown = [n for n, r in scaled.items() if r["mode"] not in SPLIT_MODES or r is best[r["mode"]]]
+    plot_timeline({n: traces[n] for n in shown}, results, work / "timeline.png")
     print(f"results and timeline: {work}")
     return 0
 

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import random
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,8 +66,12 @@ class ServiceModel:
     """Sequences an engine decodes at once; more wait (vLLM's ``max_num_seqs``, Search-R1's default)."""
     train_mfu: float = 0.35
     """Model FLOP utilisation of the actor's passes (assumption; FSDP and Megatron RL runs report 0.3-0.45)."""
-    train_flops_per_token: float = 10.0
-    """x parameters per trained token: forward and backward (6), old log-probs (2), reference log-probs (2)."""
+    train_flops_per_token: float = 8.0
+    """x parameters per trained token in the update: forward and backward (6) and gradient checkpointing's second
+    forward (2), which Search-R1's and RLinf's recipes turn on (``enable_gradient_checkpointing``)."""
+    logprob_flops_per_token: float = 4.0
+    """x parameters per token of the log-prob passes before the update: old (2) and reference (2) log-probs, one
+    call (``SimulatedTrainer.compute_logprobs``; a run that never calls it pays them inside the update)."""
     weight_sync_s: float = 1.5
     """Actor to engines, 6 GB of bf16 weights (assumption: NVLink broadcast plus the engine's reload)."""
     engine_offload_s: float = 2.0
@@ -76,8 +81,9 @@ class ServiceModel:
     """Median tokens of a turn that ends in a search (assumption: reasoning before the query)."""
     answer_tokens_median: float = 90.0
     """Median tokens of a turn that ends in an answer (assumption)."""
-    turn_tokens_sigma: float = 1.0
-    """Log-normal spread of turn lengths: the long tail (assumption; e^1: a few % reach the 500 cap)."""
+    turn_tokens_sigma: float = 0.6
+    """Log-normal spread of turn lengths: the long tail (assumption). At 0.6, 4.5 % of search turns (median 180)
+    and 0.04 % of answer turns (median 90) reach the 500-token cap; sigma 1 sent 15 % of search turns there."""
     search_probability: tuple[float, ...] = (0.9, 0.55, 0.4, 0.3)
     """Chance that turn k searches rather than answers, given k searches so far (assumption, shaped after
     GRPO's 1-2 searches a question in Search-R1 runs; the turn after the last listed one answers)."""
@@ -91,6 +97,12 @@ class ServiceModel:
     """Share of requests that are slow (a busy retriever, a GC pause; assumption)."""
     slow_search_s: float = 2.0
     """Extra time of a slow request (assumption)."""
+    prefix_cache: bool = True
+    """A later turn of a trajectory prefills only its new tokens (vLLM's prefix cache); false: its whole context
+    (Search-R1: ``free_cache_engine: True`` drops the cache after every generate call)."""
+    trainer_offload_s: float = 0.0
+    """Seconds a step the actor spends moving its FSDP state to and from the host (0 for this runtime's GPU recipes;
+    Search-R1 offloads parameters, gradients and optimizer: ``lockstep`` sets it)."""
     time_scale: float = 1.0
     """Simulated seconds per wall second: 2 runs everything twice as fast as the cluster would."""
 
@@ -105,8 +117,20 @@ class ServiceModel:
         return 2 * self.params * tokens / (self.peak_flops * self.prefill_mfu)
 
     def train_s(self, tokens: float) -> float:
-        """One rank's passes over ``tokens`` tokens (its share of the batch)."""
+        """One rank's update over ``tokens`` tokens (its share of the batch)."""
         return self.train_flops_per_token * self.params * tokens / (self.peak_flops * self.train_mfu)
+
+    def logprob_s(self, tokens: float) -> float:
+        """One rank's old and reference log-prob passes over ``tokens`` tokens."""
+        return self.logprob_flops_per_token * self.params * tokens / (self.peak_flops * self.train_mfu)
+
+    def packed_decode_s(self, steps: int, batch: int, context_tokens: int) -> float:
+        """What ``steps`` decode steps of ``batch`` sequences would cost inside a full running batch
+        (``max_running_requests`` sequences of the same mean context): their share of full steps. The ideal
+        line adds this up: the decoding work with no engine ever short of sequences."""
+        full = self.max_running_requests
+        per_sequence = context_tokens / max(batch, 1)
+        return steps * self.decode_step_s(full, int(per_sequence * full)) * batch / full
 
     def search_s(self, queries: int, rng: random.Random) -> float:
         slow = self.slow_search_s if rng.random() < self.slow_search_probability else 0.0
@@ -184,8 +208,10 @@ class _Request:
 class SimulatedEngine:
     """A continuous-batching engine: each step decodes one token of every running sequence in
     ``decode_step_s(batch, context)``; new requests join between steps (their new tokens prefilled, a
-    trajectory's earlier turns being in the prefix cache). A turn's length and whether it searches or
-    answers are drawn from the request's seed, so every pipeline mode samples the same trajectories."""
+    trajectory's earlier turns being in the prefix cache unless ``prefix_cache`` is off). A turn's length and
+    whether it searches or answers are drawn from the request's seed, so every pipeline mode samples the same
+    trajectories. The engine serves from a loop of its own on a thread, so callers from any event loop (an
+    asynchronous run's rollout calls of several steps at once) meet in one running batch."""
 
     CHUNK = 16
     """Decode steps simulated per wake-up (each slept as their sum); finishing sequences end a chunk early."""
@@ -202,8 +228,10 @@ class SimulatedEngine:
         self.answer_ids = encode(" <answer> unknown </answer>")
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []
-        self._wake: asyncio.Event | None = None
-        self._loop = None
+        self._loop = asyncio.new_event_loop()
+        self._wake = asyncio.Event()
+        threading.Thread(target=self._loop.run_forever, name="simulated-engine", daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -228,19 +256,22 @@ class SimulatedEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
         ids, finish, stop = self._plan(prompt_ids, sampling)
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # each rollout call runs its own event loop
-            self._loop, self._wake = loop, asyncio.Event()
-            self._waiting, self._running = [], []
-            loop.create_task(self._serve())
-        last_search = _last_index(prompt_ids, self.search_close)
-        new_tokens = len(prompt_ids) - (last_search + 1 if last_search >= 0 else 0)
-        request = _Request(remaining=len(ids), context=len(prompt_ids), prefill=new_tokens,
-                           done=loop.create_future())
+        if self.model.prefix_cache:
+            last_search = _last_index(prompt_ids, self.search_close)
+            new_tokens = len(prompt_ids) - (last_search + 1 if last_search >= 0 else 0)
+        else:
+            new_tokens = len(prompt_ids)
+        served = asyncio.run_coroutine_threadsafe(self._admit(len(ids), len(prompt_ids), new_tokens), self._loop)
+        await asyncio.wrap_future(served)
+        return GenerationOutput(ids, [-1.0] * len(ids), finish, stop)
+
+    async def _admit(self, tokens: int, context: int, prefill: int) -> None:
+        """On the engine's loop: queue the request and wait until its tokens are decoded."""
+        request = _Request(remaining=tokens, context=context, prefill=prefill,
+                           done=asyncio.get_running_loop().create_future())
         self._waiting.append(request)
         self._wake.set()
         await request.done
-        return GenerationOutput(ids, [-1.0] * len(ids), finish, stop)
 
     async def _serve(self) -> None:
         model = self.model
@@ -248,15 +279,17 @@ class SimulatedEngine:
             if not self._running and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
-            busy_since = time.time()
+            busy_since, ideal_s, tokens = time.time(), 0.0, 0
             while self._running or self._waiting:
                 room = model.max_running_requests - len(self._running)
                 joined, self._waiting = self._waiting[:room], self._waiting[room:]
                 self._running += joined
                 steps = min(self.CHUNK, min(r.remaining for r in self._running))
                 batch, context = len(self._running), sum(r.context for r in self._running)
-                seconds = model.prefill_s(sum(r.prefill for r in joined))
-                seconds += sum(model.decode_step_s(batch, context + batch * k) for k in range(steps))
+                prefill = model.prefill_s(sum(r.prefill for r in joined))
+                seconds = prefill + sum(model.decode_step_s(batch, context + batch * k) for k in range(steps))
+                ideal_s += model.wall(prefill + model.packed_decode_s(steps, batch, context + batch * steps // 2))
+                tokens += steps * batch
                 await asyncio.sleep(model.wall(seconds))
                 for r in self._running:
                     r.remaining -= steps
@@ -264,7 +297,8 @@ class SimulatedEngine:
                     if r.remaining == 0:
                         r.done.set_result(None)
                 self._running = [r for r in self._running if r.remaining > 0]
-            self.trace.interval(busy_since, time.time(), "decode")
+            # ideal_s: this stretch's decoding and prefill as if every step ran a full batch (the ideal line).
+            self.trace.interval(busy_since, time.time(), "decode", ideal_s=ideal_s, tokens=tokens)
 
     def update_weights(self, state_dict: dict) -> None:
         start = time.time()
@@ -305,8 +339,12 @@ def build_engine(config, *, device=None, seed: int = 0) -> SimulatedEngine:
 
 class SimulatedTrainer:
     """``PolicyTrainer``'s interface, sleeping for its rank's share of the batch's tokens instead of training.
-    Old and reference log-probs are folded into the update's time (``train_flops_per_token``), so a run
-    uses ``algorithm.recompute_logprobs: false`` and ``algorithm.kl_beta: 0``."""
+
+    ``compute_logprobs`` sleeps for the old and reference passes over its rows (``logprob_flops_per_token``; the
+    reference pass is folded in, so runs use ``algorithm.kl_beta: 0``) and returns the engine's log-probs as the
+    old ones. An update pays ``train_flops_per_token`` for its tokens, plus the log-prob passes for any of them no
+    ``compute_logprobs`` call scored first (a run with ``recompute_logprobs: false``): every mode does the same
+    GPU work per token, whoever computes what."""
 
     packed = True
     serves_weights_from_host = True
@@ -320,24 +358,36 @@ class SimulatedTrainer:
         settings = read_settings()
         self.model, self.trace = settings.model, Trace(settings, "actor")
         self.global_step = 0
+        self._scored_tokens = 0.0
+        """Tokens (the whole batch's) whose log-prob passes ran and whose update has not yet."""
 
-    def _train(self, batch, optimizer_steps: int) -> dict[str, float]:
+    def _train(self, batch, optimizer_steps: int, *, step_end: bool) -> dict[str, float]:
         tokens = float(batch.attention_mask.sum())
+        unscored = max(0.0, tokens - self._scored_tokens)
+        self._scored_tokens = max(0.0, self._scored_tokens - tokens)
+        seconds = self.model.train_s(tokens / self.world_size) + self.model.logprob_s(unscored / self.world_size)
+        seconds += self.model.trainer_offload_s if step_end else 0.0
         start = time.time()
-        time.sleep(self.model.wall(self.model.train_s(tokens / self.world_size)))
+        time.sleep(self.model.wall(seconds))
         self.global_step += optimizer_steps
         self.trace.interval(start, time.time(), "train", rank=self.rank, optimizer_step=self.global_step,
                             tokens=tokens)
         return {"actor/tokens": tokens}
 
     def train_on_batch(self, batch) -> dict[str, float]:
-        return self._train(batch, self.config.n_minibatches)
+        return self._train(batch, self.config.n_minibatches, step_end=True)
 
     def train_on_minibatch(self, batch) -> dict[str, float]:
-        return self._train(batch, 1)
+        return self._train(batch, 1, step_end=False)
 
     def compute_logprobs(self, batch):
-        raise RuntimeError("the simulated trainer folds old log-probs into its update: recompute_logprobs false")
+        rows = list(range(self.rank, len(batch), self.world_size))
+        tokens = float(batch.attention_mask.sum())
+        start = time.time()
+        time.sleep(self.model.wall(self.model.logprob_s(tokens / self.world_size)))
+        self._scored_tokens += tokens
+        self.trace.interval(start, time.time(), "logprobs", rank=self.rank, tokens=tokens)
+        return rows, batch.rollout_logprobs[rows].clone()
 
     def build_reference(self, model_path: str):
         raise RuntimeError("the simulated trainer folds reference log-probs into its update: kl_beta 0")

@@ -4,7 +4,7 @@
 ``from_pretrained``, so eval and conversion read it directly), the optimizer and schedule
 (``training_state.pt``) and the runner's state (``runner_state.json``: step, data position, RNG);
 with a critic, ``critic/`` holds the value model (``hf_model/``) and its own ``training_state.pt``;
-pipelined, ``pending_rollout.pt`` holds the next step's rollout, generated before the checkpoint.
+with the rollout ahead of the update, ``pending_rollout.pt`` holds later steps' rollouts, generated before it.
 A checkpoint is written to a temporary folder and renamed into place, then marked ``COMPLETE``;
 a folder without the mark (a crash mid-write, a truncated copy) is never resumed from.
 """
@@ -179,17 +179,21 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return None
 
 
-def stage_pending_rollout(staging: Path, trajectories: list) -> None:
-    """Pipelined runs: the next step's rollout, already generated (by the weights before this
-    step's update) when the checkpoint is taken. A resume trains on it instead of generating it
-    again with the newer weights, which would change the run."""
-    torch.save(trajectories, Path(staging) / PENDING_ROLLOUT)
+def stage_pending_rollout(staging: Path, batches: list[list]) -> None:
+    """Runs whose rollout runs ahead of the update: the rollouts of later steps (one list of trajectories per
+    step), already generated (partly by weights older than this step's update) when the checkpoint is taken. A
+    resume trains on them instead of generating them again with the newer weights, which would change the run."""
+    torch.save({"batches": batches}, Path(staging) / PENDING_ROLLOUT)
 
 
-def load_pending_rollout(folder: Path) -> list | None:
-    """The trajectories ``stage_pending_rollout`` kept, or None."""
+def load_pending_rollout(folder: Path) -> list[list] | None:
+    """The batches ``stage_pending_rollout`` kept, or None. A checkpoint of an earlier release kept one batch as a
+    flat list of trajectories: it is read as that one batch."""
     path = Path(folder) / PENDING_ROLLOUT
-    return torch.load(path, weights_only=False) if path.is_file() else None
+    if not path.is_file():
+        return None
+    kept = torch.load(path, weights_only=False)
+    return kept["batches"] if isinstance(kept, dict) else [kept]
 
 
 def load_checkpoint(folder: Path) -> tuple[RunnerState, TrainingState]:

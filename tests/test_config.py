@@ -153,7 +153,7 @@ def test_train_main_launches_the_configured_group_names(cfg, monkeypatch):
     class FakeWorker:
         @staticmethod
         def create_group(*args):
-            return SimpleNamespace(launch=lambda cluster, placement, name: launched.setdefault(name, placement))
+            return SimpleNamespace(launch=lambda cluster, placement, name, **options: launched.setdefault(name, placement))
 
     for worker in ("ActorWorker", "RolloutWorker", "RewardWorker", "CriticWorker", "InferenceWorker"):
         monkeypatch.setattr(train_main, worker, FakeWorker)

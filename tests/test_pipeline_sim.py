@@ -91,7 +91,7 @@ def test_the_agent_loop_drives_the_engine_and_the_retriever_as_it_drives_a_model
 def test_a_turn_cut_at_its_limit_has_no_action(settings, tiny_model_dir):
     engine = SimulatedEngine(AutoTokenizer.from_pretrained(tiny_model_dir), settings, seed=0)
     prompt = engine._encode("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
-    outcomes = {engine._plan(prompt, SamplingParams(max_new_tokens=12, seed=s))[1] for s in range(200)}
+    outcomes = {engine._plan(prompt, SamplingParams(max_new_tokens=120, seed=s))[1] for s in range(200)}
     assert outcomes == {"length", "stop"}
     ids, finish, stop = engine._plan(prompt, SamplingParams(max_new_tokens=3, seed=0))
     assert (len(ids), finish, stop) == (3, "length", None)
@@ -115,17 +115,28 @@ def test_the_benchmark_runs_through_the_real_runtime(tmp_path):
     out = tmp_path / "bench"
     subprocess.run([sys.executable, str(ROOT / "benchmarks/pipeline.py"), "--devices", "2", "--rollout-devices", "1",
                     "--prompts", "4", "--group-size", "2", "--steps", "2", "--set", "time_scale=20", "--out", str(out),
-                    "--modes", "sync,stream"],  # overlap's placement is stream's; the heavy lane's time is short
+                    "--modes", "lockstep,sync,async"],  # overlap and stream share async's placement: the lane stays short
                    check=True, cwd=ROOT, timeout=900)
-    results = json.loads((out / "results.json").read_text())["results"]
-    assert set(results) == {"sync", "stream"}
-    for mode, result in results.items():
+    report = json.loads((out / "results.json").read_text())
+    results = report["results"]
+    assert set(results) == {"lockstep", "sync", "async-1+1"} and report["best"] == {"async": "1+1"}
+    assert 0 < report["ideal_step_s"] < results["sync"]["step_s"], "the packed step is shorter than any real one"
+    for name, result in results.items():
         assert result["steps"] == 1 and result["step_s"] > 0
-        rows = [json.loads(line) for line in (out / mode / "logs" / "metrics.jsonl").read_text().splitlines()]
+        rows = [json.loads(line) for line in (out / name / "logs" / "metrics.jsonl").read_text().splitlines()]
         assert [row["rollout/trajectories"] for row in rows] == [8.0, 8.0]
-        trace = [json.loads(line) for path in (out / f"trace-{mode}").glob("*.jsonl")
+        trace = [json.loads(line) for path in (out / f"trace-{name}").glob("*.jsonl")
                  for line in path.read_text().splitlines()]
         assert {row["group"] for row in trace} == {"rollout", "actor", "search"}
-        # Two optimizer steps (mini-batches) a step on each actor rank, two steps.
-        assert max(row["optimizer_step"] for row in trace if row["group"] == "actor") == 4
+        # Two optimizer steps (mini-batches) a step on each actor rank, two steps; old log-probs recomputed.
+        assert max(row["optimizer_step"] for row in trace if row["what"] == "train") == 4
+        assert any(row["what"] == "logprobs" for row in trace)
+    assert results["async-1+1"]["mean_lag"] > 0 and results["sync"]["mean_lag"] == 0
+    # Lockstep: one batched retrieval per turn for every rank, and the same trajectories sync samples.
+    lockstep = [json.loads(line) for path in (out / "trace-lockstep").glob("search-*.jsonl")
+                for line in path.read_text().splitlines()]
+    assert len({row["pid"] for row in lockstep}) == 1 and all(row["queries"] >= 1 for row in lockstep)
+    batches = {name: [json.loads(line) for line in (out / name / "logs" / "batches.jsonl").read_text().splitlines()]
+               for name in ("lockstep", "sync")}
+    assert batches["lockstep"] == batches["sync"], "the same seeds sample the same turns in either schedule"
     assert (out / "timeline.png").stat().st_size > 10_000

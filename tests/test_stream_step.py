@@ -39,7 +39,7 @@ def test_every_group_is_trained_once_as_it_arrives(tmp_path, synth, server, tiny
     cfg = _stream_config(tmp_path, synth, server, tiny_model_dir,
                          **{"reward.score": "tests.registry_plugins.word_parity"})
     run = validate_cfg(cfg)
-    assert run.runner.pipeline == "stream" and run.placement["rollout"].world_size == 2
+    assert run.runner.pipeline.name == "stream" and run.placement["rollout"].world_size == 2
     result = _run(cfg, tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
     rows = _metrics(tmp_path / "run")
@@ -88,10 +88,10 @@ def test_the_agent_loop_group_size_is_read_and_a_negative_one_refused(tmp_path, 
 
 def test_the_placement_decides_when_pipeline_is_unset(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
     cfg = _config(tmp_path, synth, server, tiny_model_dir)
-    assert validate_cfg(cfg).runner.pipeline == "sync"
+    assert validate_cfg(cfg).runner.pipeline.name == "sync"
     cfg.cluster.cpu_slots_per_node = 3
     cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "2"}
-    assert validate_cfg(cfg).runner.pipeline == "overlap"
+    assert validate_cfg(cfg).runner.pipeline.name == "overlap"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from rlinf_search.agents.searchr1.loop import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_search.config.distill import distill_config
-from rlinf_search.config.pipeline import resolve_pipeline
+from rlinf_search.config.pipeline import ASYNC_DEFAULTS, PipelineSettings, async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_registered
 from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys
@@ -85,9 +85,10 @@ class RunnerConfig:
     rollout_dump: int = 0
     """Trajectories of each step written to ``output_dir/rollouts/step_K.jsonl`` (and, when > 0, every
     validation trajectory to ``val_step_K.jsonl``); 0: none."""
-    pipeline: str = "sync"
-    """How a step overlaps rollout and training (``config.pipeline``): ``sync``, ``overlap`` or ``stream``;
-    unset, ``overlap`` on a disaggregated placement, else ``sync``."""
+    pipeline: PipelineSettings = PipelineSettings("sync")
+    """How a step overlaps rollout and training (``config/pipeline.py``): ``runner.pipeline`` (``sync``,
+    ``overlap``, ``stream`` or ``async``; unset, ``overlap`` on a disaggregated placement, else ``sync``) with
+    ``runner.max_staleness`` and ``runner.partial_rollout``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,8 +309,14 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     actor = replace(actor, sync_dtype=sync_dtype(receivers))
     critic = critic_config(raw, actor, total_steps=total_steps, group_name=groups["critic"])
     runner = replace(runner, pipeline=resolve_pipeline(
-        get(raw, "runner.pipeline"), placement=placement, plan=logprobs, adv_type=adv_type,
+        get(raw, "runner.pipeline"), max_staleness=get_int(raw, "runner.max_staleness", ASYNC_DEFAULTS.max_staleness),
+        partial_rollout=get_bool(raw, "runner.partial_rollout", ASYNC_DEFAULTS.partial_rollout),
+        written={key for key in ("max_staleness", "partial_rollout") if get(raw, f"runner.{key}") is not None},
+        placement=placement, plan=logprobs, adv_type=adv_type,
         ppo_epochs=actor.ppo_epochs, n_minibatches=actor.n_minibatches, batch=batch, critic=critic is not None))
+    correction = async_correction(runner.pipeline, written=actor.loss.mismatch_correction, recompute=recompute,
+                                  present="mismatch_correction" in get(raw, "algorithm", {}))
+    actor = replace(actor, loss=replace(actor.loss, mismatch_correction=correction))
     return RunConfig(
         cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
         agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths,

@@ -26,6 +26,7 @@ SCHEMA: dict[str, Any] = {
     "runner": {"task_type": None, "experiment_name": None, "output_dir": None, "max_epochs": None,
                "max_steps": None, "val_check_interval": None, "save_interval": None, "seq_length": None,
                "max_tokens_per_mbs": None, "resume_dir": None, "rollout_dump": None, "pipeline": None,
+               "max_staleness": None, "partial_rollout": None,
                "logger": {"log_path": None, "project_name": None, "experiment_name": None, "logger_backends": None}},
     "algorithm": {"group_size": None, "n_minibatches": None, "ppo_epochs": None, "recompute_logprobs": None,
                   "shuffle_rollout": None, "loss_agg_func": None, "kl_beta": None, "kl_penalty_type": None,

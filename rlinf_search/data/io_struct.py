@@ -63,6 +63,10 @@ class GenerationOutput:
     """``stop`` (a stop string appeared), ``eos`` (an end token) or ``length`` (max_new_tokens)."""
     stop_string: str | None = None
     """Which stop string ended the generation, when ``finish_reason == "stop"``."""
+    weight_version: int | None = None
+    """The policy version (weight syncs loaded) that generated every one of these ids: the engine finishes a
+    request on the weights it started with (``workers/rollout/weight_gate.py``). None: an engine that does not
+    count versions."""
 
 
 SPAN_KINDS = ("model", "information", "correction", "tool")
@@ -81,6 +85,9 @@ class ResponseSpan:
     """One past the last token's index."""
     text: str = ""
     """The span's tokens decoded (filled in when the rollout ends), for rollout files and logs."""
+    weight_version: int | None = None
+    """``model`` spans: the policy version that generated the turn (``GenerationOutput.weight_version``); None
+    for observations, or when the engine does not count versions."""
 
 
 @dataclass
@@ -138,10 +145,22 @@ class Trajectory:
     total_time_s: float = 0.0
     """Wall time of the whole rollout."""
 
+    @property
+    def turn_versions(self) -> list[int]:
+        """The policy version of each model turn, in order (turns of an engine without versions left out). A
+        trajectory in flight when new weights arrive continues on them, so later turns can be newer."""
+        return [span.weight_version for span in self.spans if span.kind == "model" and span.weight_version is not None]
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy that wrote any of its tokens (what its staleness is counted from); None: unknown."""
+        versions = self.turn_versions
+        return min(versions) if versions else None
+
 
 @dataclass
 class FinishedGroup:
-    """A GRPO group as a rollout rank hands it on in a streamed step (``runner.pipeline: stream``)."""
+    """A finished GRPO group as the rollout hands it to a step's later stages."""
 
     index: int
     """The group's place in the step's prompts (prompt ``index``); the driver restores the step's order by it."""
@@ -149,6 +168,12 @@ class FinishedGroup:
     """The rollout rank that generated it."""
     trajectories: list[Trajectory]
     """The prompt's ``group_size`` samples, in sample order."""
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version behind any token of the group; None when no turn carries one."""
+        versions = [v for t in self.trajectories if (v := t.oldest_version) is not None]
+        return min(versions) if versions else None
 
 
 @dataclass(frozen=True)

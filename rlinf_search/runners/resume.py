@@ -1,5 +1,5 @@
 """Where a run resumes from, and the run-level parts of a checkpoint: data position, RNGs, each
-rollout rank's sampling state and (pipelined) the rollout already generated for the next step."""
+rollout rank's sampling state and (rollout ahead of the update) the rollouts already generated for later steps."""
 
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ def find_resume_point(runner: RunnerConfig) -> Path | None:
     return folder
 
 
-def restore_run(folder: Path, groups: Groups, *, pipelined: bool) -> tuple[RunnerState, list[Trajectory] | None]:
+def restore_run(folder: Path, groups: Groups, *,
+                pipelined: bool) -> tuple[RunnerState, list[list[Trajectory]] | None]:
     """The runner's state from ``folder`` (the process RNGs and the rollout ranks' sampling states
-    restored as a side effect), and the pipelined run's next rollout when this run is pipelined too."""
+    restored as a side effect), and the rollouts it kept for later steps (one list per step) when this run's
+    rollout runs ahead too (``pipelined``)."""
     state, _ = load_checkpoint(folder)
     restore_rng(state.rng)
     ranks = groups.rollout.world_size
@@ -54,7 +56,7 @@ def restore_run(folder: Path, groups: Groups, *, pipelined: bool) -> tuple[Runne
                     "will differ from an uninterrupted run", len(state.rollout_rng), ranks)
     pending = load_pending_rollout(folder)
     if pending is not None and not pipelined:
-        log.warning("%s holds a pipelined run's next rollout; this placement is not pipelined, so it is "
+        log.warning("%s holds rollouts of later steps; this run's rollout does not run ahead, so they are "
                     "generated again", folder)
         pending = None
     log.info("resumed from %s at step %d", folder, state.global_step)
@@ -62,13 +64,13 @@ def restore_run(folder: Path, groups: Groups, *, pipelined: bool) -> tuple[Runne
 
 
 def save_run(ckpt_dir: Path, state: RunnerState, groups: Groups,
-             pending: Callable[[], list[Trajectory]] | None) -> Path:
+             pending: Callable[[], list[list[Trajectory]]] | None) -> Path:
     """Checkpoint ``state`` (its data position already set by the caller) with every group's part.
 
     Every part goes into one staging folder that the actor seals last: a crash at any point leaves no
-    checkpoint that has the policy but not the critic. ``pending``: waits for a pipelined run's next
-    rollout, which is kept because a resume could not generate it again (it was sampled by the
-    weights before this step's update).
+    checkpoint that has the policy but not the critic. ``pending``: waits for the rollouts of later steps
+    already in flight (one list per step), which are kept because a resume could not generate them again
+    (weights before this step's update sampled them).
     """
     state.rng = capture_rng()
     trajectories = pending() if pending is not None else None

@@ -35,7 +35,8 @@ class DumpedTrajectory:
     golden_answers: list[str]
     """Accepted answers."""
     response: list[dict]
-    """The response in order: ``{"kind": "model" | "information" | "correction", "text": ...}``."""
+    """The response in order: ``{"kind": "model" | "information" | "correction", "text": ..., "version": ...}``;
+    ``version``: the policy version that generated a model turn (null for observations)."""
     queries: list[str]
     """The search queries the model issued."""
     reward: float
@@ -51,7 +52,7 @@ class DumpedTrajectory:
 def dump_row(record: QARecord, traj: Trajectory, score: RewardScore) -> DumpedTrajectory:
     return DumpedTrajectory(
         uid=traj.uid, data_source=record.data_source, question=record.question, prompt=record.prompt,
-        golden_answers=list(record.golden_answers), response=[{"kind": s.kind, "text": s.text} for s in traj.spans],
+        golden_answers=list(record.golden_answers), response=[{"kind": s.kind, "text": s.text, "version": s.weight_version} for s in traj.spans],
         queries=list(traj.queries), reward=float(score.reward), em=float(score.em),
         finish_reason=traj.finish_reason, num_turns=traj.num_turns)
 

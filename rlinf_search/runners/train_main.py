@@ -60,14 +60,18 @@ def launch_rollout_groups(config: RunConfig, cluster: Cluster) -> tuple[WorkerGr
     ``agentloop.num_workers`` 0: rollout ranks on the rollout devices, each with its engine and its share of
     the agent loops (no engine servers). >= 1: engine servers on the rollout devices, and that many
     AgentLoop ranks beside the driver (they use no device) whose routers spread turns over every engine."""
+    # Rollout ahead of the update: a rank runs the rollouts of up to max_staleness + 1 steps at once, each call on a
+    # thread of its own, beside the weight sync and the driver's other calls (validation, engine activity).
+    threads = config.runner.pipeline.max_staleness + 4 if config.runner.pipeline.ahead else None
     if config.agent_loop_workers == 0:
         rollout = RolloutWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(
-            cluster, cluster.placement["rollout"], name=config.rollout_group)
+            cluster, cluster.placement["rollout"], name=config.rollout_group, max_concurrency=threads)
         return rollout, None
     engines = EngineServerWorker.create_group(config.rollout, config.seed).launch(
         cluster, cluster.placement["rollout"], name=config.rollout_group)
     loops = AgentLoopWorker.create_group(config.rollout, config.agent_loop, config.search, config.seed).launch(
-        cluster, host_placement(AGENT_LOOP_GROUP, config.agent_loop_workers), name=AGENT_LOOP_GROUP)
+        cluster, host_placement(AGENT_LOOP_GROUP, config.agent_loop_workers), name=AGENT_LOOP_GROUP,
+        max_concurrency=threads)
     loops.call(AgentLoopWorker.use_engines, list(engines.actors)).wait()
     return loops, engines
 
@@ -111,7 +115,12 @@ def train(config: RunConfig) -> None:
         except WorkerError as exc:
             if not exc.process_lost:
                 raise  # a bug in a method: its traceback is what a person needs
+            try:
+                lost = runner.stages.source.lost_in_flight()
+            except Exception:  # noqa: BLE001 - counting must not hide the loss being reported
+                lost = 0
+            in_flight = f" and {lost} GRPO groups in flight were lost" if lost else ""
             raise RunStopped(f"{exc.group} rank {exc.rank} was lost during {exc.method}() ({exc.cause_type}) in step "
-                             f"{runner.state.global_step + 1}; that step was not kept. Resume from the last checkpoint "
-                             "with runner.resume_dir=auto") from None
+                             f"{runner.state.global_step + 1}; that step was not kept{in_flight}. Resume from the last "
+                             "checkpoint with runner.resume_dir=auto") from None
         runner.weight_sync.close()

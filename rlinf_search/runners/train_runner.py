@@ -29,7 +29,13 @@ from rlinf_search.runners.rollout_dump import (
     write_dump,
 )
 from rlinf_search.runners.stages import PreparedBatch, build_stages, engine_rollout
-from rlinf_search.runners.step_metrics import StepTimer, step_metrics, validation_metrics
+from rlinf_search.runners.step_metrics import (
+    EngineActivityMeter,
+    StepTimer,
+    staleness_metrics,
+    step_metrics,
+    validation_metrics,
+)
 from rlinf_search.scheduler import WeightSync
 from rlinf_search.workers.tool.launch import search_group_metrics
 
@@ -56,22 +62,23 @@ class SearchR1Runner:
         self.state = RunnerState()
         restored = None
         if resumed_from is not None:
-            self.state, restored = restore_run(Path(resumed_from), groups,
-                                               pipelined=config.runner.pipeline == "overlap")
+            self.state, restored = restore_run(Path(resumed_from), groups, pipelined=config.runner.pipeline.ahead)
             self.stream.seek(self.state.epoch, self.state.batch_in_epoch)
         self.logger = MetricLogger(Path(config.runner.log_path), list(config.runner.logger_backends),
                                    project=config.runner.project_name, experiment=config.runner.experiment_name,
                                    settings=config.settings)
         receivers = {"rollout": groups.engine_group, "inference": groups.inference}
         self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers])
-        self.stages = build_stages(config, groups, self.stream, self.weight_sync, restored=restored)
+        self.stages = build_stages(config, groups, self.stream, self.weight_sync, restored=restored,
+                                   first_step=self.state.global_step + 1, last_step=self.total_steps)
+        self._engine_activity = EngineActivityMeter(groups.engine_group)
+        self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
 
     # ---- one step ---------------------------------------------------------------------------
-    def train_step(self, *, prefetch: bool = False) -> dict[str, float]:
-        """``prefetch``: a step follows this one (``overlap`` launches its rollout now)."""
+    def train_step(self) -> dict[str, float]:
         stages, step = self.stages, self.state.global_step + 1
         timer = StepTimer()
-        rollout = stages.source.begin(step, timer, prefetch=prefetch)
+        rollout = stages.source.begin(step, timer)
         prepared: list[PreparedBatch] = []
         for groups in rollout.batches():
             part = stages.prepare(rollout.records, groups, rollout.passes, ends_step=rollout.last_batch)
@@ -88,7 +95,9 @@ class SearchR1Runner:
         self._dump(f"step_{step}", rollout.records, trajectories, scores,
                    keep=spread(len(trajectories), self.config.runner.rollout_dump))
         metrics = step_metrics(trajectories, scores, trained.actor + trained.critic, timer)
+        metrics.update(staleness_metrics(trajectories, trained_version=step - 1))
         metrics.update(source_metrics)
+        metrics.update(self._engine_activity.step())
         part_metrics = [part.metrics for part in prepared if part.metrics]
         if len(part_metrics) == 1:
             metrics.update(part_metrics[0])
@@ -115,7 +124,7 @@ class SearchR1Runner:
         trajectory goes to ``rollouts/val_step_K.jsonl``."""
         if not self.val_records:
             return {}
-        self.stages.weights.flush()  # overlap: the newest update, after any rollout in flight
+        self.stages.weights.flush()  # overlap: the newest update, once no rollout is in flight
         trajectories = engine_rollout(self.groups, self.val_records, 1, greedy=True, offload=self.stages.source.offload)
         scores = self.stages.prepare.reward(trajectories)
         if self.config.runner.rollout_dump:
@@ -133,7 +142,7 @@ class SearchR1Runner:
         total = self.total_steps  # min(max_steps, max_epochs x batches per epoch)
         with progress(total=total, initial=self.state.global_step, desc="train", unit="step") as bar:
             while self.state.global_step < total:
-                metrics = self.train_step(prefetch=self.state.global_step + 1 < total)
+                metrics = self.train_step()
                 self.state.global_step += 1
                 step = self.state.global_step
                 if runner.val_check_interval and step % runner.val_check_interval == 0:

@@ -122,6 +122,8 @@ class _Turn:
     text: str
     finish_reason: str
     drifted: bool
+    version: int | None = None
+    """The policy version that generated the turn (the engine's ``GenerationOutput.weight_version``)."""
 
 
 class SearchR1AgentLoop:
@@ -213,7 +215,7 @@ class SearchR1AgentLoop:
         search_allowed = rollout.tool_turns < self.config.max_turns
         seed = None if rollout.seed is None else derive_seed(rollout.seed, traj.num_turns)
         turn = await self._generate_turn(traj, budget, seed)
-        self._append(traj, turn.ids, turn.logprobs, kind="model")
+        self._append(traj, turn.ids, turn.logprobs, kind="model", version=turn.version)
         traj.drifted = traj.drifted or turn.drifted
         finish = self._read_turn(rollout, turn, search_allowed)
         if finish:
@@ -245,8 +247,8 @@ class SearchR1AgentLoop:
         sampled = out.output_ids[:-1] if out.finish_reason == "eos" else out.output_ids
         drifted = reencoded != sampled
         if self.config.retokenize:
-            return _Turn(reencoded, [math.nan] * len(reencoded), text, out.finish_reason, drifted)
-        return _Turn(out.output_ids, out.logprobs, text, out.finish_reason, drifted)
+            return _Turn(reencoded, [math.nan] * len(reencoded), text, out.finish_reason, drifted, out.weight_version)
+        return _Turn(out.output_ids, out.logprobs, text, out.finish_reason, drifted, out.weight_version)
 
     async def _observe(self, traj: Trajectory, action: Action) -> str:
         if action.kind != "search":
@@ -271,16 +273,17 @@ class SearchR1AgentLoop:
         self._append(traj, ids[:room], [0.0] * min(len(ids), room), kind=kind)
 
     @staticmethod
-    def _append(traj: Trajectory, ids: list[int], logprobs: list[float], *, kind: str) -> None:
+    def _append(traj: Trajectory, ids: list[int], logprobs: list[float], *, kind: str,
+                version: int | None = None) -> None:
         """Append one span: ``model`` tokens train (mask 1); observations (``information``,
-        ``correction``) do not."""
+        ``correction``) do not. ``version``: the policy version that generated a model span."""
         if not ids:
             return
         start = len(traj.response_ids)
         traj.response_ids.extend(ids)
         traj.rollout_logprobs.extend(logprobs)
         traj.response_mask.extend([1 if kind == "model" else 0] * len(ids))
-        traj.spans.append(ResponseSpan(kind=kind, start=start, end=len(traj.response_ids)))
+        traj.spans.append(ResponseSpan(kind=kind, start=start, end=len(traj.response_ids), weight_version=version))
 
 
 def graded_text(spans: list[ResponseSpan]) -> str:

@@ -5,8 +5,8 @@
     rollout source -> [teacher, reward, log-probs, values, advantages] -> update -> weight sync
 
 The rollout source hands on finished GRPO groups in batches (``FinishedGroup``): the whole step at once in
-``sync`` and ``overlap``, a mini-batch of groups at a time off the run's channel in ``stream``. Everything after
-it sees only such batches, so the three pipelines share every pass. Who computes the old and reference
+``sync`` and ``overlap``, a mini-batch of groups at a time off the run's channel in ``stream`` and ``async``. Everything after
+it sees only such batches, so every pipeline shares every pass. Who computes the old and reference
 log-probs, and which groups receive the weights, is the run's ``LogprobPlan`` (``config.logprobs``), decided
 once at start-up.
 """
@@ -22,9 +22,9 @@ from rlinf_search.distill.scorer import open_teacher
 from rlinf_search.runners.group_calls import Groups
 from rlinf_search.runners.stages.passes import AdvantageStage, LogprobStage, RewardStage, ValueStage
 from rlinf_search.runners.stages.prepare import BatchPreparation, PreparedBatch
+from rlinf_search.runners.stages.async_rollout import AsyncRollout
 from rlinf_search.runners.stages.rollout_source import (
     CollocatedRollout,
-    PrefetchedRollout,
     StepRollout,
     StreamedRollout,
     engine_rollout,
@@ -32,7 +32,7 @@ from rlinf_search.runners.stages.rollout_source import (
 from rlinf_search.runners.stages.update import Trained, UpdateStage, WeightSyncStage
 from rlinf_search.scheduler import WeightSync
 
-__all__ = ["AdvantageStage", "BatchPreparation", "CollocatedRollout", "LogprobStage", "PrefetchedRollout",
+__all__ = ["AdvantageStage", "AsyncRollout", "BatchPreparation", "CollocatedRollout", "LogprobStage",
            "PreparedBatch", "RewardStage", "StepRollout", "StepStages", "StreamedRollout", "Trained", "UpdateStage",
            "ValueStage", "WeightSyncStage", "build_stages", "engine_rollout"]
 
@@ -57,16 +57,18 @@ class StepStages:
 
 
 def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weight_sync: WeightSync, *,
-                 restored: list[Trajectory] | None = None) -> StepStages:
-    """The run's stages; ``prompts`` already at the run's data position; ``restored``: a pipelined run's next
-    rollout from its checkpoint."""
+                 first_step: int, last_step: int, restored: list[list[Trajectory]] | None = None) -> StepStages:
+    """The run's stages; ``prompts`` already at the run's data position; ``first_step``/``last_step``: the next
+    step to run and the last; ``restored``: the rollouts a checkpoint kept for later steps (``async``, ``overlap``)."""
     pipeline = config.runner.pipeline
-    weights = WeightSyncStage(weight_sync, deferred=pipeline == "overlap")
-    if pipeline == "overlap":
-        source = PrefetchedRollout(groups, prompts, config.group_size, weights=weights, restored=restored)
-    elif pipeline == "stream":
-        source = StreamedRollout(groups, prompts, config.group_size,
-                                 groups_per_batch=config.rollout_batch_size // config.actor.n_minibatches)
+    weights = WeightSyncStage(weight_sync, deferred=pipeline.ahead and not pipeline.partial_rollout)
+    minibatch_groups = config.rollout_batch_size // config.actor.n_minibatches
+    if pipeline.ahead:
+        source = AsyncRollout(groups, prompts, config.group_size, settings=pipeline, weights=weights,
+                              groups_per_batch=minibatch_groups if pipeline.per_minibatch else config.rollout_batch_size,
+                              first_step=first_step, last_step=last_step, seed=config.seed, restored=restored)
+    elif pipeline.name == "stream":
+        source = StreamedRollout(groups, prompts, config.group_size, groups_per_batch=minibatch_groups)
     else:
         # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
         shared = set(groups.engine_group.placement.devices) & set(groups.actor.placement.devices)

@@ -5,11 +5,11 @@ and every stage after it:
 
 - ``CollocatedRollout`` (``sync``): the engines onload, roll out the step's prompts, offload; the step's groups
   are then drained at once, as one batch.
-- ``PrefetchedRollout`` (``overlap``): the rollout of step k+1 is launched before step k trains, on the weights
-  the engines have then; step k+1 collects it, sends the weights of step k's update, and launches k+2's.
 - ``StreamedRollout`` (``stream``): each rollout rank puts a group on the run's ``Channel`` the moment its last
   sample is done; the step takes them in the order they finish, a mini-batch of groups at a time, while the
   slowest trajectories are still being generated.
+- ``AsyncRollout`` (``async``, ``overlap``; ``async_rollout.py``): the batches of later steps already roll out,
+  onto the same channel, while this step trains.
 
 Every source also keeps the data position of the step it handed out last, which is what a checkpoint saves.
 """
@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.runners.group_calls import Groups, collect_rollout, launch_rollout, shard
-from rlinf_search.runners.stages.update import WeightSyncStage
 from rlinf_search.runners.step_metrics import StepTimer
 from rlinf_search.scheduler import GroupCall, wait_all
 from rlinf_search.scheduler.channel import Channel
@@ -37,10 +36,10 @@ def engine_rollout(groups: Groups, records: list[QARecord], samples: int, *, gre
     """Roll out ``records`` now, in their order (each prompt's samples consecutive). ``offload``: the engines
     share the actor's devices, so they onload for the rollout and offload after it (a no-op on CPU)."""
     if offload:
-        groups.engine_group.call("onload").wait()
+        groups.engine_group.call(RolloutWorker.onload).wait()  # the engine servers' method has the same name
     trajectories = collect_rollout(launch_rollout(groups.rollout, records, samples, greedy=greedy))
     if offload:
-        groups.engine_group.call("offload").wait()
+        groups.engine_group.call(RolloutWorker.offload).wait()
     return trajectories
 
 
@@ -94,7 +93,7 @@ class CollocatedRollout:
         self.trained_position = (prompts.epoch, prompts.batch_in_epoch)
         """The data position after the prompts of the step handed out last (what a checkpoint keeps)."""
 
-    def begin(self, step: int, timer: StepTimer, *, prefetch: bool) -> StepRollout:
+    def begin(self, step: int, timer: StepTimer) -> StepRollout:
         records = self.prompts.next_batch()
         self.trained_position = (self.prompts.epoch, self.prompts.batch_in_epoch)
         with timer.phase("rollout"):
@@ -102,58 +101,16 @@ class CollocatedRollout:
         return DrainedRollout(records, trajectories, timer, ranks=self.groups.rollout.world_size)
 
     @property
-    def pending(self) -> Callable[[], list[Trajectory]] | None:
-        """The next step's rollout in flight, for a checkpoint: none here."""
+    def pending(self) -> Callable[[], list[list[Trajectory]]] | None:
+        """The rollouts of later steps in flight, for a checkpoint: none here."""
         return None
+
+    def lost_in_flight(self) -> int:
+        """GRPO groups whose rollout was in flight for steps after this one when a rollout rank was lost: none."""
+        return 0
 
     def close(self) -> None:
         pass
-
-
-class _Prefetch:
-    """A rollout launched ahead of its step, or restored from a checkpoint."""
-
-    def __init__(self, records: list[QARecord], calls: list[GroupCall] | None = None,
-                 trajectories: list[Trajectory] | None = None):
-        self.records, self.calls, self.trajectories = records, calls or [], trajectories
-
-    def result(self) -> list[Trajectory]:
-        if self.trajectories is None:
-            self.trajectories = collect_rollout(self.calls)
-        return self.trajectories
-
-
-class PrefetchedRollout(CollocatedRollout):
-    """``overlap``: the step's rollout was launched during the previous step's update (one update behind the
-    policy that trains on it; the recomputed old log-probs and the PPO clip account for that)."""
-
-    def __init__(self, groups: Groups, prompts: PromptStream, group_size: int, *, weights: WeightSyncStage,
-                 restored: list[Trajectory] | None = None):
-        """``restored``: the next step's rollout as a checkpoint kept it (its prompts are the stream's next)."""
-        super().__init__(groups, prompts, group_size, offload=False)
-        self.weights = weights
-        self._next = _Prefetch(prompts.next_batch(), trajectories=restored) if restored is not None else None
-
-    def begin(self, step: int, timer: StepTimer, *, prefetch: bool) -> StepRollout:
-        if self._next is None:
-            self._next = self._launch()
-        current = self._next
-        self.trained_position = (self.prompts.epoch, self.prompts.batch_in_epoch)
-        with timer.phase("rollout"):
-            trajectories = current.result()
-        self.weights.flush(timer)  # the previous update, held back while this rollout ran
-        self._next = self._launch() if prefetch else None
-        return DrainedRollout(current.records, trajectories, timer, ranks=self.groups.rollout.world_size)
-
-    def _launch(self) -> _Prefetch:
-        records = self.prompts.next_batch()
-        return _Prefetch(records, calls=launch_rollout(self.groups.rollout, records, self.group_size))
-
-    @property
-    def pending(self) -> Callable[[], list[Trajectory]] | None:
-        """Waits for the next step's rollout: a checkpoint keeps it, since a resume could not sample it again
-        (it was sampled by the weights before this step's update)."""
-        return self._next.result if self._next is not None else None
 
 
 class StreamedRollout(CollocatedRollout):
@@ -164,52 +121,74 @@ class StreamedRollout(CollocatedRollout):
         self.groups_per_batch = groups_per_batch
         self.channel = Channel.create("finished_groups")
 
-    def begin(self, step: int, timer: StepTimer, *, prefetch: bool) -> StepRollout:
+    def begin(self, step: int, timer: StepTimer) -> StepRollout:
         records = self.prompts.next_batch()
         self.trained_position = (self.prompts.epoch, self.prompts.batch_in_epoch)
-        return _StreamedStep(self, records, step, timer)
+        calls = stream_batch(self.groups, records, self.group_size, self.channel, step_key(step))
+        return StreamedStep(self.channel, records, step, timer, calls, groups_per_batch=self.groups_per_batch)
 
     def close(self) -> None:
         self.channel.close()
 
 
-class _StreamedStep(StepRollout):
-    """One streamed step. Its passes overlap the rollout, so they are timed apart (``stream/<pass>_s``) and the
-    step's timer gets one ``stream`` phase, from launch to the last mini-batch trained."""
+def step_key(step: int) -> str:
+    """The channel key a step's finished groups are put under."""
+    return f"step_{step}"
 
-    def __init__(self, source: StreamedRollout, records: list[QARecord], step: int, timer: StepTimer):
+
+def stream_batch(groups: Groups, records: list[QARecord], group_size: int, channel: Channel, key: str, *,
+                 batch_seed: Callable[[int], int] | None = None) -> list[GroupCall]:
+    """Each rollout rank streams its contiguous share of ``records`` (the shares ``sync`` gives them) onto
+    ``channel`` under ``key``; ``batch_seed(rank)``: the rank's seed for this batch (else its generator draws)."""
+    calls, first = [], 0
+    rollout = groups.rollout
+    for rank, part in enumerate(shard(records, rollout.world_size)):
+        seed = None if batch_seed is None else batch_seed(rank)
+        calls.append(rollout.call_on(rank, RolloutWorker.stream_rollout, part, group_size, channel, key, first, seed))
+        first += len(part)
+    return calls
+
+
+class StreamedStep(StepRollout):
+    """One step whose groups come off the run's channel as they finish. Its passes overlap the rollout, so they
+    are timed apart (``stream/<pass>_s``) and the step's timer gets one ``stream`` phase, from its start to the last
+    batch trained. ``groups_per_batch``: groups handed on at a time (a mini-batch; all of them: one batch)."""
+
+    def __init__(self, channel: Channel, records: list[QARecord], step: int, timer: StepTimer,
+                 calls: list[GroupCall], *, groups_per_batch: int, arrived: list[FinishedGroup] | None = None,
+                 check: Callable[[FinishedGroup], None] | None = None):
+        """``calls``: the rollout calls producing the step's groups; ``arrived``: groups already taken off the
+        channel (a checkpoint's); ``check(group)``: raises on a group the step must not train."""
         super().__init__(records, StepTimer())
-        self.source, self.step, self.timer = source, step, timer
-        self.key = f"step_{step}"
+        self.channel, self.step, self.timer, self.calls = channel, step, timer, calls
+        self.groups_per_batch, self.check = groups_per_batch, check
+        self.key = step_key(step)
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
-        self.calls = self._launch()
-
-    def _launch(self) -> list[GroupCall]:
-        """Each rollout rank streams its contiguous share of the prompts (the shares ``sync`` gives them)."""
-        source, calls, first = self.source, [], 0
-        group = source.groups.rollout
-        for rank, part in enumerate(shard(self.records, group.world_size)):
-            calls.append(group.call_on(rank, RolloutWorker.stream_rollout, part, source.group_size, source.channel,
-                                       self.key, first))
-            first += len(part)
-        return calls
+        self._arrived = list(arrived or [])
+        self.taken = 0
+        """Groups taken so far (restored ones included)."""
 
     def batches(self) -> Iterator[list[FinishedGroup]]:
         arrived: set[int] = set()
         waiting: list[FinishedGroup] = []
         while len(arrived) < len(self.records):
-            group = self._next_group()
+            group = self._arrived.pop(0) if self._arrived else self._next_group()
             if group.index in arrived or not 0 <= group.index < len(self.records):
                 raise RuntimeError(f"streamed step {self.step}: group {group.index} from rollout rank {group.rank} "
                                    "is a duplicate or not of this step")
+            self.taken += 1
+            if self.check is not None:
+                self.check(group)
             arrived.add(group.index)
             waiting.append(group)
             self.last_batch = len(arrived) == len(self.records)
-            if len(waiting) == self.source.groups_per_batch or self.last_batch:
+            if len(waiting) == self.groups_per_batch or self.last_batch:
                 if self.last_batch:
                     self.seconds["last_group"] = time.perf_counter() - self.started
                 batch, waiting = waiting, []
+                if self.groups_per_batch >= len(self.records):
+                    batch.sort(key=lambda g: g.index)  # the whole step at once: in prompt order, as if drained
                 self.minibatches.append([g.index for g in batch])
                 yield batch  # resumed once the batch is prepared and handed to the actor
                 self.seconds.setdefault("first_update", time.perf_counter() - self.started)
@@ -219,7 +198,7 @@ class _StreamedStep(StepRollout):
         """The next finished group; a rollout rank that failed or died stops the step with its error."""
         while True:
             try:
-                return self.source.channel.get(self.key, timeout=POLL_S)
+                return self.channel.get(self.key, timeout=POLL_S)
             except TimeoutError:
                 for call in self.calls:
                     call.raise_if_failed()

@@ -3,6 +3,7 @@ sync to the groups that follow the actor (``LogprobPlan.weight_receivers``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -45,7 +46,7 @@ class UpdateStage:
     @classmethod
     def build(cls, config: RunConfig, groups: Groups) -> UpdateStage:
         warmup = config.critic.warmup_steps if config.critic is not None else None
-        return cls(groups, critic_warmup_steps=warmup, per_minibatch=config.runner.pipeline == "stream")
+        return cls(groups, critic_warmup_steps=warmup, per_minibatch=config.runner.pipeline.per_minibatch)
 
     def submit(self, batch: RolloutBatch, timer: StepTimer, *, completed_steps: int) -> None:
         """Train on ``batch``; ``completed_steps``: steps trained before this one (the critic's warm-up)."""
@@ -74,13 +75,16 @@ class UpdateStage:
 class WeightSyncStage:
     """The actor's weights to the engines (and the InferenceGroup's policy copy) after each step's update.
 
-    ``deferred`` (``overlap``): the next step's rollout is already running on the old weights, so the new ones
-    go out when the rollout source has collected it (``flush``), not at once.
+    ``deferred`` (``overlap``: the rollout runs ahead without partial rollouts): later steps' rollouts are running
+    on the old weights, so the new ones go out at the next ``flush``, once ``quiesce()`` (set by the rollout
+    source) has waited until no rollout is in flight.
     """
 
     def __init__(self, weight_sync: WeightSync, *, deferred: bool):
         self.weight_sync, self.deferred = weight_sync, deferred
         self._unsynced: int | None = None
+        self.quiesce: Callable[[], None] | None = None
+        """Waits until no rollout is in flight (deferred weights go out only then); None: nothing to wait for."""
 
     def after_update(self, version: int, timer: StepTimer) -> None:
         if self.deferred:
@@ -93,6 +97,9 @@ class WeightSyncStage:
         """Send the newest weights now if an update has not gone out yet."""
         if self._unsynced is None:
             return
+        if self.quiesce is not None:
+            with timer.phase("rollout") if timer is not None else nullcontext():
+                self.quiesce()
         with timer.phase("weight_sync") if timer is not None else nullcontext():
             self.weight_sync.sync(version=self._unsynced)
         self._unsynced = None

@@ -38,7 +38,14 @@ class AgentLoopWorker(RolloutWorker):
         """Trajectories this rank has sent to each engine so far."""
         return list(self.engine.router.assigned) if self.engine is not None else []
 
-    def _rollout(self, records, samples_per_prompt, *, greedy, on_group=None):
+    def _loop_engine(self):
+        """The router over the engine servers; each server's gate stamps the version of the turns it served."""
+        return self.engine
+
+    def engine_activity(self) -> dict:
+        raise RuntimeError("an AgentLoop rank holds no engine: ask the engine servers (the rollout group)")
+
+    def _rollout(self, records, samples_per_prompt, *, greedy, **options):
         if self.engine is None:
             raise RuntimeError("AgentLoopWorker has no engines: the runner calls use_engines() after launch")
-        return super()._rollout(records, samples_per_prompt, greedy=greedy, on_group=on_group)
+        return super()._rollout(records, samples_per_prompt, greedy=greedy, **options)

@@ -15,10 +15,12 @@ class GenerationEngine(Protocol):
     """What the agent loop and the trainer need from any rollout engine (hf, vllm, sglang)."""
 
     weight_version: int
-    """Bumped by every ``update_weights``; trajectories record which policy produced them."""
+    """Bumped by every ``update_weights`` (the engine's own count). The version trajectories record is the weight
+    sync's, stamped on each output by the rank's ``WeightGate`` (``weight_gate.py``), not this."""
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
-        """Continue ``prompt_ids``; return exactly the sampled ids and their log-probs."""
+        """Continue ``prompt_ids``; return exactly the sampled ids and their log-probs (one version: the caller's
+        gate never swaps weights while a request runs)."""
         ...
 
     def update_weights(self, state_dict: dict) -> None:

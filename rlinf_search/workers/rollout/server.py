@@ -7,12 +7,16 @@ driver as an inline rollout rank does. It knows nothing of prompts, tools or tra
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import asdict
+
 import torch
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.scheduler import Worker
 from rlinf_search.workers.rollout.base import build_engine
 from rlinf_search.workers.rollout.config import RolloutConfig
+from rlinf_search.workers.rollout.weight_gate import GatedEngine, WeightGate
 
 
 class EngineServerWorker(Worker):
@@ -21,23 +25,36 @@ class EngineServerWorker(Worker):
     def __init__(self, rollout: RolloutConfig, seed: int):
         """``seed``: ``data.seed``; rank r's engine samples unseeded requests from seed + r."""
         self.engine = build_engine(rollout, device=self.device, seed=seed + self.rank)
+        self.gate = WeightGate()
+        self._gated = GatedEngine(self.engine, self.gate)
         self.weight_version = 0
         self.served = 0
         """Requests answered, for tests and metrics."""
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
-        """Continue ``prompt_ids``: exactly the sampled ids and their log-probs."""
-        out = await self.engine.generate(prompt_ids, sampling)
+        """Continue ``prompt_ids``: exactly the sampled ids and their log-probs, stamped with the policy version."""
+        out = await self._gated.generate(prompt_ids, sampling)
         self.served += 1
         return out
 
     async def stats(self) -> dict[str, int]:
         return {"served": self.served, "weight_version": self.weight_version}
 
-    # Plain methods: WeightSync's receive hook calls set_weights synchronously, and the driver calls all three
-    # between rollouts, when no request is in flight, so blocking the actor's loop costs nothing.
+    async def engine_activity(self) -> dict:
+        """The engine's ``EngineActivity`` as a dict (``RolloutWorker.engine_activity``)."""
+        return asdict(self.gate.activity())
+
+    async def _weight_sync_receive(self, sync_id: str) -> int:
+        # The actor's event loop keeps serving the requests in flight while the transport receives and the gate
+        # waits for them (both in a thread): an asynchronous run syncs weights while agent loops generate.
+        state_dict, version = await asyncio.to_thread(self._transports()[sync_id].receive)
+        await asyncio.to_thread(self.set_weights, state_dict, version)
+        return version
+
+    # Plain methods: the driver calls offload and onload between rollouts, when no request is in flight.
     def set_weights(self, state_dict: dict, version: int) -> None:
-        self.engine.update_weights({name: torch.as_tensor(value) for name, value in state_dict.items()})
+        tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
+        self.gate.swap(lambda: self.engine.update_weights(tensors), version)
         self.weight_version = version
 
     def offload(self) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+import threading
+from dataclasses import asdict, replace
 
 import torch
 
@@ -15,16 +16,22 @@ from rlinf_search.scheduler.channel import Channel
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.base import build_engine
 from rlinf_search.workers.rollout.config import RolloutConfig
+from rlinf_search.workers.rollout.weight_gate import GatedEngine, WeightGate
 from rlinf_search.workers.tool.remote import GroupSearchTool
 
 
 class RolloutWorker(Worker):
-    """Generates trajectories for its share of the prompts; takes new weights from the actor."""
+    """Generates trajectories for its share of the prompts; takes new weights from the actor.
+
+    In an asynchronous run the rank is a threaded actor: rollout calls of several steps run at once (each its
+    own event loop, all on the one engine) and the weight sync arrives on another thread; the engine's
+    ``WeightGate`` swaps the weights between two turns (``weight_gate.py``)."""
 
     def __init__(self, rollout: RolloutConfig, agent_loop: AgentLoopConfig, search: SearchToolConfig, seed: int):
         """``seed``: ``data.seed``; rank r samples from seed + r."""
         self._init_sampling(rollout, agent_loop, search, seed)
         self.engine = build_engine(rollout, device=self.device, seed=seed + self.rank)
+        self.gate = WeightGate()
 
     def _init_sampling(self, rollout: RolloutConfig, agent_loop: AgentLoopConfig, search: SearchToolConfig,
                        seed: int) -> None:
@@ -36,6 +43,7 @@ class RolloutWorker(Worker):
         # from it; so this generator's state is the whole sampling state of the rank, and a
         # checkpoint that stores it replays the next rollout exactly.
         self.seeds = torch.Generator().manual_seed(seed + self.rank)
+        self._seeds_lock = threading.Lock()  # rollout calls of several steps may start at once (async)
         self.search_actors: list = []
         """The SearchTool group's ranks (``use_search_group``); empty: a client of this rank's own per call."""
 
@@ -54,39 +62,54 @@ class RolloutWorker(Worker):
         return self._rollout(records, samples_per_prompt, greedy=greedy)
 
     def stream_rollout(self, records: list[QARecord], samples_per_prompt: int, channel: Channel, key: str,
-                       first_group: int) -> int:
+                       first_group: int, batch_seed: int | None = None) -> int:
         """``rollout``, putting each finished group on ``channel`` under ``key`` as a ``FinishedGroup`` (its
         index in the step is ``first_group`` + its place in ``records``) the moment its last sample is done.
-        Seeds and tokens are those ``rollout`` would give. Returns the number of groups put."""
+        Seeds and tokens are those ``rollout`` would give, or, with ``batch_seed``, derived from it instead of the
+        rank's generator (an asynchronous run's batches start on the rank in no fixed order, so each brings its
+        own). Returns the number of groups put."""
         async def hand_on(i: int, trajectories: list[Trajectory]) -> None:
             await channel.aput(FinishedGroup(index=first_group + i, rank=self.rank, trajectories=trajectories), key)
 
-        self._rollout(records, samples_per_prompt, greedy=False, on_group=hand_on)
+        self._rollout(records, samples_per_prompt, greedy=False, on_group=hand_on, batch_seed=batch_seed)
         return len(records)
 
     def _rollout(self, records: list[QARecord], samples_per_prompt: int, *, greedy: bool,
-                 on_group: GroupCallback | None = None) -> list[Trajectory]:
+                 on_group: GroupCallback | None = None, batch_seed: int | None = None) -> list[Trajectory]:
         loop_config = self.agent_loop
         if greedy:
             loop_config = replace(loop_config, sampling=replace(loop_config.sampling, greedy=True))
-        seed = int(torch.randint(0, 2**62, (1,), generator=self.seeds))  # drawn either way: resumes stay aligned
+        seed = batch_seed
+        if seed is None:
+            with self._seeds_lock:
+                seed = int(torch.randint(0, 2**62, (1,), generator=self.seeds))  # drawn either way: resumes align
         if not self.seeded:
             seed = None  # rollout.seeded false: the engine's own generator samples every request
 
         async def run() -> list[Trajectory]:
             tool = self._search_tool()
             try:
-                loop = build_agent_loop(self.engine, tool, self.engine.tokenizer, loop_config)
+                engine = self._loop_engine()
+                loop = build_agent_loop(engine, tool, engine.tokenizer, loop_config)
                 return await loop.run_batch(records, samples_per_prompt, seed=seed, on_group=on_group)
             finally:
                 await tool.aclose()
 
         return asyncio.run(run())
 
+    def _loop_engine(self):
+        """The engine the agent loops generate with: this rank's own, behind its weight gate."""
+        return GatedEngine(self.engine, self.gate)
+
     def set_weights(self, state_dict: dict, version: int) -> None:
         # Tensors from shared memory are read-only views: load_state_dict copies them into the model.
-        self.engine.update_weights({name: torch.as_tensor(value) for name, value in state_dict.items()})
+        tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
+        self.gate.swap(lambda: self.engine.update_weights(tensors), version)
         self.weight_version = version
+
+    def engine_activity(self) -> dict:
+        """The engine's ``EngineActivity`` as a dict: its version, seconds busy, requests admitted and in flight."""
+        return asdict(self.gate.activity())
 
     def rng_state(self) -> list[int]:
         """The sampling state of this rank, for a checkpoint (the generator's bytes)."""

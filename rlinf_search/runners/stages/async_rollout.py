@@ -1,0 +1,181 @@
+"""``AsyncRollout``: the rollout runs ahead of the update (``runner.pipeline: async``, and ``overlap``).
+
+Batches of prompts are admitted ahead of the step that trains them, at most ``max_staleness`` (k) steps
+ahead: when step s begins, the engines hold policy version s-1 and the batches of steps s .. s+k are rolling
+out. Each rollout rank streams its share of a batch onto the run's channel (key ``step_<s>``) group by group,
+as in ``stream``; several batches roll out on a rank at once (each a call of its own on the rank's threads, all
+on its one engine), so an engine never runs dry at a step's tail while the actor trains.
+
+Weights. With ``partial_rollout`` (the ``async`` default) a step's update goes out as soon as it is done and each
+engine takes it between two turns (``workers/rollout/weight_gate.py``): a trajectory in flight continues on the
+new policy at its next turn. Without it (``overlap``) the update is held back until no rollout is in flight, so
+every batch is sampled by one version.
+
+Staleness. Every turn records the policy version that generated it. Step s trains with the actor at version s-1;
+its batch was admitted at version >= s-1-k and none of its tokens is older, so no token is more than k versions
+behind: a group is never too old to train and none is dropped. The step trains exactly its own batch (the order
+of admission), waiting, if it must, for that batch's last group, which has been rolling out since up to k steps
+earlier. A group older than k would be a bug: it stops the run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rlinf_search.config.pipeline import PipelineSettings
+from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
+from rlinf_search.data.prompt_stream import PromptStream
+from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.stages.rollout_source import (
+    CollocatedRollout,
+    StepRollout,
+    StreamedStep,
+    as_groups,
+    step_key,
+    stream_batch,
+)
+from rlinf_search.runners.stages.update import WeightSyncStage
+from rlinf_search.runners.step_metrics import StepTimer
+from rlinf_search.scheduler import GroupCall, wait_all
+from rlinf_search.scheduler.channel import Channel
+from rlinf_search.workers.rollout.sampling import derive_seed
+
+
+@dataclass
+class _Admitted:
+    """A batch admitted ahead of its step: rolling out, or finished and waiting to be trained."""
+
+    step: int
+    """The step that trains it."""
+    records: list[QARecord]
+    """Its prompts, in the prompt stream's order."""
+    position: tuple[int, int]
+    """The prompt stream's (epoch, batch in epoch) after this batch: a checkpoint taken after its step keeps it."""
+    calls: list[GroupCall] = field(default_factory=list)
+    """The rollout ranks' calls streaming its groups (none for a batch restored from a checkpoint)."""
+    arrived: list[FinishedGroup] = field(default_factory=list)
+    """Groups already taken off the channel (by a checkpoint) or restored."""
+
+
+class AsyncRollout(CollocatedRollout):
+    """``async`` / ``overlap``: batches admitted up to ``max_staleness`` steps ahead of the update."""
+
+    def __init__(self, groups: Groups, prompts: PromptStream, group_size: int, *, settings: PipelineSettings,
+                 weights: WeightSyncStage, groups_per_batch: int, first_step: int, last_step: int, seed: int,
+                 restored: list[list[Trajectory]] | None = None):
+        """``groups_per_batch``: groups handed to the update at a time (the step's prompts: one batch);
+        ``first_step``/``last_step``: the run's next and last steps (nothing is admitted past the last);
+        ``seed``: ``data.seed``, from which each batch's sampling seeds derive; ``restored``: the batches a
+        checkpoint kept, already rolled out (their prompts are the stream's next)."""
+        super().__init__(groups, prompts, group_size, offload=False)
+        self.settings, self.weights, self.groups_per_batch = settings, weights, groups_per_batch
+        self.last_step, self.seed = last_step, seed
+        self.channel = Channel.create("finished_groups")
+        self.admitted: dict[int, _Admitted] = {}
+        self.next_step = first_step
+        self._current: _AheadStep | None = None
+        for trajectories in restored or []:
+            records = prompts.next_batch()
+            self.admitted[self.next_step] = _Admitted(
+                self.next_step, records, (prompts.epoch, prompts.batch_in_epoch),
+                arrived=as_groups(trajectories, group_size, groups.rollout.world_size))
+            self.next_step += 1
+        if not settings.partial_rollout:
+            weights.quiesce = self.wait_rollouts
+
+    def begin(self, step: int, timer: StepTimer) -> StepRollout:
+        self.weights.flush(timer)  # overlap: the update held back until no rollout was in flight (else a no-op)
+        self._admit(until=min(step + self.settings.max_staleness, self.last_step))
+        in_flight = self._groups_in_flight()
+        batch = self.admitted.pop(step)
+        self.trained_position = batch.position
+        self._current = _AheadStep(self.channel, batch, timer, groups_per_batch=self.groups_per_batch,
+                                   check=self._checker(step), in_flight_groups=in_flight, ahead=len(self.admitted))
+        return self._current
+
+    def _admit(self, *, until: int) -> None:
+        while self.next_step <= until:
+            step = self.next_step
+            records = self.prompts.next_batch()
+            calls = stream_batch(self.groups, records, self.group_size, self.channel, step_key(step),
+                                 batch_seed=lambda rank, step=step: derive_seed(self.seed, rank, step))
+            self.admitted[step] = _Admitted(step, records, (self.prompts.epoch, self.prompts.batch_in_epoch), calls)
+            self.next_step += 1
+
+    def _groups_in_flight(self) -> int:
+        """Groups of the admitted batches not yet finished (neither on the channel nor taken off it)."""
+        return sum(len(b.records) - len(b.arrived) - self.channel.qsize(step_key(b.step))
+                   for b in self.admitted.values())
+
+    def lost_in_flight(self) -> int:
+        """After a rollout rank was lost: the groups of this step and the admitted ones that had not finished (a
+        resume keeps what its checkpoint kept and rolls the rest out again)."""
+        current = self._current
+        unfinished = 0 if current is None else len(current.records) - current.taken - self.channel.qsize(current.key)
+        return unfinished + self._groups_in_flight()
+
+    def _checker(self, step: int) -> Callable[[FinishedGroup], None]:
+        trained_at, bound = step - 1, self.settings.max_staleness
+
+        def check(group: FinishedGroup) -> None:
+            oldest = group.oldest_version
+            if oldest is not None and trained_at - oldest > bound:
+                raise RuntimeError(f"step {step}: group {group.index} holds tokens of policy version {oldest}, "
+                                   f"{trained_at - oldest} versions behind the actor's {trained_at}, past "
+                                   f"runner.max_staleness {bound}: the admission bound was broken")
+        return check
+
+    def wait_rollouts(self) -> None:
+        """Wait until no admitted batch is still rolling out (their groups stay on the channel)."""
+        wait_all([call for batch in self.admitted.values() for call in batch.calls])
+
+    @property
+    def pending(self) -> Callable[[], list[list[Trajectory]]] | None:
+        """Waits for every admitted batch not yet trained and returns their trajectories (a batch each, in step
+        order, prompts in order): a checkpoint keeps them, since a resume could not sample them again (older
+        weights sampled them)."""
+        if not self.admitted:
+            return None
+        return self._drain
+
+    def _drain(self) -> list[list[Trajectory]]:
+        self.wait_rollouts()
+        out = []
+        for step in sorted(self.admitted):
+            batch = self.admitted[step]
+            while len(batch.arrived) < len(batch.records):
+                batch.arrived.append(self.channel.get(step_key(step), timeout=60))
+            batch.calls = []
+            batch.arrived.sort(key=lambda g: g.index)
+            out.append([t for g in batch.arrived for t in g.trajectories])
+        return out
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class _AheadStep(StreamedStep):
+    """One step of ``AsyncRollout``: its batch's groups as they finish, a mini-batch at a time (``async``) or all
+    at once (``overlap``)."""
+
+    def __init__(self, channel: Channel, batch: _Admitted, timer: StepTimer, *, groups_per_batch: int,
+                 check: Callable[[FinishedGroup], None], in_flight_groups: int, ahead: int):
+        super().__init__(channel, batch.records, batch.step, timer, batch.calls, groups_per_batch=groups_per_batch,
+                         arrived=batch.arrived, check=check)
+        self.whole = groups_per_batch >= len(batch.records)
+        if self.whole:
+            self.passes = timer  # the update follows the whole rollout: its passes are the step's phases
+        self.in_flight_groups, self.ahead = in_flight_groups, ahead
+
+    def end(self) -> dict[str, float]:
+        if self.whole:  # the wait for the batch, then the passes and the update, in turn
+            self.timer.seconds["rollout"] = self.seconds.get("last_group", 0.0)
+            metrics = {}
+        else:
+            metrics = super().end()
+        metrics["async/groups_in_flight"] = float(self.in_flight_groups)
+        metrics["async/batches_ahead"] = float(self.ahead)
+        metrics["async/wait_s"] = self.seconds.get("last_group", time.perf_counter() - self.started)
+        return metrics
