@@ -4,6 +4,7 @@
 #   bash scripts/demo.sh                 # outputs in outputs/demo (DEMO_OUT to change)
 #   DEMO_RL_STEPS=10 bash scripts/demo.sh
 #   DEMO_PIPELINE=stream bash scripts/demo.sh   # the streamed step (runner.pipeline: stream)
+#   DEMO_PIPELINE=async bash scripts/demo.sh    # rollout one step ahead of the update (runner.pipeline: async)
 #   DEMO_PROTOCOL=toolcall bash scripts/demo.sh # function calling (agent.protocol: toolcall), not Search-R1's tags
 # Ends with one line: held-out EM: warm-start A -> after RL B
 set -euo pipefail
@@ -18,12 +19,15 @@ MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often 
 EVAL_N="${DEMO_EVAL_N:-300}"             # held-out test questions scored before and after RL
 SEED="${DEMO_SEED:-0}"
 # sync (the default): each RL step rolls out, then trains. stream: the actor trains each mini-batch of finished
-# groups while the rest are still generated (runner.pipeline; old log-probs are then the engine's).
+# groups while the rest are still generated (runner.pipeline; old log-probs are then the engine's). async: the next
+# step's rollout runs while this one trains, new weights reach the engine between turns, and the loss corrects the
+# one-step lag (truncated importance weights against the engine's log-probs; docs/runtime.md).
 PIPELINE="${DEMO_PIPELINE:-sync}"
 case "$PIPELINE" in
     sync) PIPELINE_ARGS=() ;;
     stream) PIPELINE_ARGS=(runner.pipeline=stream algorithm.recompute_logprobs=false) ;;
-    *) echo "demo: DEMO_PIPELINE must be sync or stream, got $PIPELINE" >&2; exit 2 ;;
+    async) PIPELINE_ARGS=(runner.pipeline=async) ;;
+    *) echo "demo: DEMO_PIPELINE must be sync, stream or async, got $PIPELINE" >&2; exit 2 ;;
 esac
 # searchr1: Search-R1's tags. toolcall: the search tool as a function schema rendered by the chat template, calls as
 # <tool_call> JSON (docs/agents.md); the tiny tokenizer then learns the tool turn's text, and its prompts, schema

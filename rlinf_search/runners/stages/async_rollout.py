@@ -171,7 +171,8 @@ class _AheadStep(StreamedStep):
 
     def end(self) -> dict[str, float]:
         if self.whole:  # the wait for the batch, then the passes and the update, in turn
-            self.timer.seconds["rollout"] = self.seconds.get("last_group", 0.0)
+            # (the flush at the step's start may have timed its wait for the rollout in flight as "rollout" already)
+            self.timer.seconds["rollout"] = self.timer.seconds.get("rollout", 0.0) + self.seconds.get("last_group", 0.0)
             metrics = {}
         else:
             metrics = super().end()
