@@ -44,3 +44,22 @@ def test_batches_that_finished_out_of_order_come_back_in_prompt_order():
     assert [t.uid for t in trajectories] == [f"q{p}" for p in range(5) for _ in range(2)]
     assert [t.response_ids[0] for t in trajectories] == [10, 11] * 5, "samples stay in sample order"
     assert [s.reward for s in scores] == [float(p) for p in range(5) for _ in range(2)], "each score its own row"
+
+
+def test_staleness_counts_each_model_token_by_the_version_of_its_turn():
+    from rlinf_search.data.io_struct import ResponseSpan
+    from rlinf_search.runners.step_metrics import staleness_metrics
+
+    # A partial rollout: 3 tokens of version 4, an observation, 1 token of version 5; a whole turn of version 5.
+    partial = Trajectory(uid="a", prompt_ids=[1], response_ids=[5] * 6, response_mask=[1, 1, 1, 0, 0, 1],
+                         rollout_logprobs=[0.0] * 6,
+                         spans=[ResponseSpan("model", 0, 3, weight_version=4), ResponseSpan("information", 3, 5),
+                                ResponseSpan("model", 5, 6, weight_version=5)])
+    fresh = Trajectory(uid="b", prompt_ids=[1], response_ids=[5] * 4, response_mask=[1] * 4, rollout_logprobs=[0.0] * 4,
+                       spans=[ResponseSpan("model", 0, 4, weight_version=5)])
+    assert partial.turn_versions == [4, 5] and partial.oldest_version == 4
+    assert FinishedGroup(index=0, rank=0, trajectories=[partial, fresh]).oldest_version == 4
+    metrics = staleness_metrics([partial, fresh], trained_version=5)
+    assert metrics == {"staleness/lag_0": 5 / 8, "staleness/lag_1": 3 / 8, "staleness/mean_lag": 3 / 8,
+                       "staleness/max_lag": 1.0}
+    assert staleness_metrics([_trajectory(0, 0)], trained_version=3) == {}, "an engine without versions: none"

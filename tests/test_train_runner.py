@@ -117,6 +117,10 @@ def test_three_steps_through_worker_groups(tmp_path, synth, server, tiny_model_d
                 "time/weight_sync_s", "throughput/tokens_per_s"):
         assert key in rows[-1], key
     assert "val/em" in rows[-1] and "val/em/synth" in rows[-1] and "val/searches/synth" in rows[-1]
+    if len(placement) > 1:  # overlap: from step 2 on, every token was sampled one version behind, and corrected
+        assert [r["staleness/mean_lag"] for r in rows] == [0.0, 1.0, 1.0] and "actor/is_weight_mean" in rows[-1]
+    else:
+        assert all(r["staleness/lag_0"] == 1.0 for r in rows)
     if grouped_search:  # every training search went through the group (validation comes after the step's line)
         searches = sum(round(r["rollout/searches_per_trajectory"] * r["rollout/trajectories"]) for r in rows)
         assert rows[-1]["search/calls"] == searches
