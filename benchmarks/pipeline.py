@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from benchmarks.pipeline_lockstep import LOCKSTEP_MODEL  # noqa: E402
-from benchmarks.pipeline_sim import SETTINGS_ENV, ServiceModel, Settings, write_settings  # noqa: E402
+from benchmarks.service_model import SETTINGS_ENV, ServiceModel, Settings, write_settings  # noqa: E402
 from toolkits.make_tiny_model import make_tiny_model  # noqa: E402
 from toolkits.synth_task import SynthSpec, write_task  # noqa: E402
 

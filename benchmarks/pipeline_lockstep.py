@@ -24,7 +24,7 @@ import time
 
 import ray
 
-from benchmarks.pipeline_sim import Trace, read_settings
+from benchmarks.service_model import Trace, read_settings
 from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.tools.search.base import SearchHit, SearchOutcome

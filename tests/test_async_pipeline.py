@@ -34,12 +34,12 @@ def _async_config(where: Path, synth, server, tiny_model_dir, **changes):  # noq
     return cfg
 
 
-def _stream_uids(synth, steps: int) -> list[list[str]]:
+def _stream_uids(data_dir: Path, steps: int) -> list[list[str]]:
     """The prompt uids of each step as a sync run takes them (same shuffle seed)."""
     from rlinf_search.data.prepare import load_records
     from rlinf_search.data.prompt_stream import PromptStream
 
-    stream = PromptStream(load_records(synth / "train.prepared.jsonl"), BATCH, shuffle=True, seed=0)
+    stream = PromptStream(load_records(data_dir / "train.prepared.jsonl"), BATCH, shuffle=True, seed=0)
     return [[r.uid for r in stream.next_batch()] for _ in range(steps)]
 
 
@@ -101,6 +101,25 @@ def test_async_trains_every_prompt_once_within_its_staleness_bound(tmp_path, syn
             versions = [span["version"] for span in row["response"] if span["kind"] == "model"]
             assert versions and set(versions) <= allowed, (step, versions)
             assert all(span["version"] is None for span in row["response"] if span["kind"] != "model")
+
+
+# About a minute on 2 cores: the heavy lane.
+@pytest.mark.heavy
+def test_async_through_engine_servers_records_the_servers_versions(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
+    """The agent loops in an AgentLoop group, the engines as servers: each server's gate takes the weights while
+    the agent-loop ranks keep sending turns, and stamps the version of every turn it served."""
+    cfg = _async_config(tmp_path, synth, server, tiny_model_dir, **{"agentloop.num_workers": 2})
+    result = _run(cfg, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["staleness/lag_0"] == 1.0 and rows[1]["staleness/max_lag"] == 1 and rows[1]["staleness/lag_1"] > 0
+    assert all(0 <= r["rollout/engine_idle"] <= 1 for r in rows)
+    batches = _batches(tmp_path / "run")
+    assert [batches[step]["uids"] for step in (1, 2, 3)] == _stream_uids(synth, 3)
+    lines = (tmp_path / "run" / "rollouts" / "step_3.jsonl").read_text().splitlines()
+    versions = {span["version"] for row in map(json.loads, lines) for span in row["response"] if span["kind"] == "model"}
+    assert versions and versions <= {1, 2}
 
 
 # About three minutes on 2 cores (the run twice): the heavy lane.

@@ -1,10 +1,10 @@
 """The training loop: a step is a short recipe over the run's stages (``runners/stages``).
 
 One step: the rollout source hands on the step's finished GRPO groups (all at once in ``sync`` and
-``overlap``, a mini-batch at a time in ``stream``); each batch of groups is prepared (teacher, reward, old and
-reference log-probs, values, advantages) and given to the update; the new weights then go to the engines (and
-the InferenceGroup's policy copy) with a version number, at once or, in ``overlap``, once the rollout already
-in flight is collected.
+``overlap``, a mini-batch at a time in ``stream`` and ``async``); each batch of groups is prepared (teacher,
+reward, old and reference log-probs, values, advantages) and given to the update; the new weights then go to
+the engines (and the InferenceGroup's policy copy) with a version number, at once (``async``: the engines take
+them between two turns) or, in ``overlap``, once no rollout is in flight.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class SearchR1Runner:
         return validation_metrics(self.val_records, trajectories, scores)
 
     def save(self) -> Path:
-        # The position after the batch just trained on, not after one prefetched for the next step.
+        # The position after the batch just trained on, not after those admitted ahead for later steps.
         self.state.epoch, self.state.batch_in_epoch = self.stages.source.trained_position
         return save_run(self.ckpt_dir, self.state, self.groups, self.stages.source.pending)
 
@@ -146,7 +146,7 @@ class SearchR1Runner:
                 self.state.global_step += 1
                 step = self.state.global_step
                 if runner.val_check_interval and step % runner.val_check_interval == 0:
-                    metrics.update(self.validate())  # a prefetched rollout finishes first (calls queue per rank)
+                    metrics.update(self.validate())  # overlap: the rollout in flight finishes first, then the weights go out
                 self.logger.log(metrics, step)
                 if (runner.save_interval and step % runner.save_interval == 0) or step == total:
                     self.save()
