@@ -8,6 +8,7 @@ from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.scheduler import WorkerGroup, wait_all
 from rlinf_search.scheduler.worker_group import Method
 from rlinf_search.workers.reward.worker import RewardWorker
+from rlinf_search.workers.rollout.server import EngineServerWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
 
 
@@ -35,6 +36,12 @@ class Groups:
     def engine_group(self) -> WorkerGroup:
         """The group that holds the engines: the one that takes weights, offload and onload."""
         return self.engines if self.engines is not None else self.rollout
+
+    @property
+    def engine_worker(self) -> type[EngineServerWorker] | type[RolloutWorker]:
+        """The worker class of ``engine_group``, whose methods (``onload``, ``offload``, ``engine_activity``) the
+        runner calls."""
+        return EngineServerWorker if self.engines is not None else RolloutWorker
 
 
 def shard(items: list, parts: int) -> list[list]:

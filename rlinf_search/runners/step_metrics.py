@@ -79,14 +79,15 @@ class EngineActivityMeter:
     """``rollout/engine_idle``: the share of each step's wall time an engine had no request in flight, averaged over
     the engines (the group that holds them: rollout ranks, or the engine servers), from their weight gates."""
 
-    def __init__(self, engines):
-        self.engines = engines
+    def __init__(self, engines, method):
+        """``engines``: the group that holds them; ``method``: its ``engine_activity``."""
+        self.engines, self.method = engines, method
         self._last: list[dict] | None = None
         self._at = 0.0
 
     def step(self) -> dict[str, float]:
         now = time.perf_counter()
-        current = self.engines.call("engine_activity").wait()
+        current = self.engines.call(self.method).wait()
         metrics = {}
         if self._last is not None and now > self._at:
             busy = [(c["busy_s"] - p["busy_s"]) / (now - self._at) for c, p in zip(current, self._last)]

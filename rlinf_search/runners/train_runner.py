@@ -71,7 +71,7 @@ class SearchR1Runner:
         self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers])
         self.stages = build_stages(config, groups, self.stream, self.weight_sync, restored=restored,
                                    first_step=self.state.global_step + 1, last_step=self.total_steps)
-        self._engine_activity = EngineActivityMeter(groups.engine_group)
+        self._engine_activity = EngineActivityMeter(groups.engine_group, groups.engine_worker.engine_activity)
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
 
     # ---- one step ---------------------------------------------------------------------------

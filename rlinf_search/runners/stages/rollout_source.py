@@ -36,10 +36,10 @@ def engine_rollout(groups: Groups, records: list[QARecord], samples: int, *, gre
     """Roll out ``records`` now, in their order (each prompt's samples consecutive). ``offload``: the engines
     share the actor's devices, so they onload for the rollout and offload after it (a no-op on CPU)."""
     if offload:
-        groups.engine_group.call(RolloutWorker.onload).wait()  # the engine servers' method has the same name
+        groups.engine_group.call(groups.engine_worker.onload).wait()
     trajectories = collect_rollout(launch_rollout(groups.rollout, records, samples, greedy=greedy))
     if offload:
-        groups.engine_group.call(RolloutWorker.offload).wait()
+        groups.engine_group.call(groups.engine_worker.offload).wait()
     return trajectories
 
 

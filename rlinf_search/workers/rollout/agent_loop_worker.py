@@ -45,6 +45,9 @@ class AgentLoopWorker(RolloutWorker):
     def engine_activity(self) -> dict:
         raise RuntimeError("an AgentLoop rank holds no engine: ask the engine servers (the rollout group)")
 
+    def set_weights(self, state_dict: dict, version: int) -> None:
+        self.engine.update_weights(state_dict)  # the router refuses: the weights belong to the engine servers
+
     def _rollout(self, records, samples_per_prompt, *, greedy, **options):
         if self.engine is None:
             raise RuntimeError("AgentLoopWorker has no engines: the runner calls use_engines() after launch")
