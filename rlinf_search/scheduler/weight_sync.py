@@ -208,12 +208,20 @@ class WeightSync:
 
     def sync(self, version: int) -> None:
         """Send the sender's ``get_weights()`` to every receiver's ``set_weights(state_dict, version)``."""
+        self.start(version).wait()
+
+    def start(self, version: int) -> PendingSync:
+        """``sync`` without waiting: the calls are sent and the sender's later calls queue behind its send, so a
+        caller can go on using the sender while receivers load (an engine that first lets its requests in flight
+        finish, for one). ``wait()`` on the result before the next ``start``."""
         if self.version is not None and version <= self.version:
             raise ValueError(f"weight sync {self._id}: version {version} does not advance past {self.version}")
         # Every sender rank joins: with sharded weights, gathering them is a collective (rank 0 sends).
         calls = [self._sender.call("_weight_sync_send", self._id, version)]
         calls += [group.call("_weight_sync_receive", self._id) for group in self._receivers]
-        results = wait_all(calls, self._timeout_s)
+        return PendingSync(self, version, calls)
+
+    def _loaded(self, version: int, results: list) -> None:
         loaded = {v for versions in results[1:] for v in versions}
         if loaded != {version}:
             raise RuntimeError(f"weight sync {self._id}: receivers loaded versions {sorted(loaded)}, not {version}")
@@ -260,6 +268,17 @@ class WeightSync:
         calls += [group.call_on(rank, "_weight_sync_open", self._id, spec)
                   for (group, rank), spec in zip(receiver_ranks, specs[1:])]
         wait_all(calls, self._timeout_s)
+
+
+class PendingSync:
+    """A weight sync on its way (``WeightSync.start``)."""
+
+    def __init__(self, sync: WeightSync, version: int, calls: list):
+        self._sync, self.version, self._calls = sync, version, calls
+
+    def wait(self) -> None:
+        """Return once every receiver has loaded the version (raises as ``WeightSync.sync`` would)."""
+        self._sync._loaded(self.version, wait_all(self._calls, self._sync._timeout_s))
 
 
 def _buckets(meta: list[tuple[str, str, tuple]], bucket_bytes: int) -> list[tuple[list[tuple[str, int, int]], int]]:

@@ -61,7 +61,8 @@ def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weigh
     """The run's stages; ``prompts`` already at the run's data position; ``first_step``/``last_step``: the next
     step to run and the last; ``restored``: the rollouts a checkpoint kept for later steps (``async``, ``overlap``)."""
     pipeline = config.runner.pipeline
-    weights = WeightSyncStage(weight_sync, deferred=pipeline.ahead and not pipeline.partial_rollout)
+    weights = WeightSyncStage(weight_sync, deferred=pipeline.ahead and not pipeline.partial_rollout,
+                              background=pipeline.ahead and pipeline.partial_rollout)
     minibatch_groups = config.rollout_batch_size // config.actor.n_minibatches
     if pipeline.ahead:
         source = AsyncRollout(groups, prompts, config.group_size, settings=pipeline, weights=weights,

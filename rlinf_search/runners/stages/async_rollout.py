@@ -8,8 +8,10 @@ on its one engine), so an engine never runs dry at a step's tail while the actor
 
 Weights. With ``partial_rollout`` (the ``async`` default) a step's update goes out as soon as it is done and each
 engine takes it between two turns (``workers/rollout/weight_gate.py``): a trajectory in flight continues on the
-new policy at its next turn. Without it (``overlap``) the update is held back until no rollout is in flight, so
-every batch is sampled by one version.
+new policy at its next turn. The next step does not wait for the engines to load it (each first lets the turns
+in flight finish): it starts training its own batch at once, while a thread of the driver waits for the load and
+then admits the batch k steps ahead. Without partial rollouts (``overlap``) the update is held back until no
+rollout is in flight, so every batch is sampled by one version.
 
 Staleness. Every turn records the policy version that generated it. Step s trains with the actor at version s-1;
 its batch was admitted at version >= s-1-k and none of its tokens is older, so no token is more than k versions
@@ -20,6 +22,7 @@ earlier. A group older than k would be a bug: it stops the run.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +79,7 @@ class AsyncRollout(CollocatedRollout):
         self.admitted: dict[int, _Admitted] = {}
         self.next_step = first_step
         self._current: _AheadStep | None = None
+        self._admitter: _Admitter | None = None
         for trajectories in restored or []:
             records = prompts.next_batch()
             self.admitted[self.next_step] = _Admitted(
@@ -86,14 +90,26 @@ class AsyncRollout(CollocatedRollout):
             weights.quiesce = self.wait_rollouts
 
     def begin(self, step: int, timer: StepTimer) -> StepRollout:
-        self.weights.flush(timer)  # overlap: the update held back until no rollout was in flight (else a no-op)
-        self._admit(until=min(step + self.settings.max_staleness, self.last_step))
-        in_flight = self._groups_in_flight()
-        batch = self.admitted.pop(step)
+        ahead = min(step + self.settings.max_staleness, self.last_step)
+        if self.settings.partial_rollout:
+            self.join_admitter()
+            self._admit(until=step)  # the step's own batch, when nothing was admitted ahead (the run's first step)
+            batch = self.admitted.pop(step)
+            # The previous update is on its way to the engines: once they have it, admit the batch k steps ahead.
+            self._admitter = _Admitter(lambda: (self.weights.settle(), self._admit(until=ahead)))
+        else:
+            self.weights.flush(timer)  # the update held back until no rollout was in flight
+            self._admit(until=ahead)
+            batch = self.admitted.pop(step)
         self.trained_position = batch.position
         self._current = _AheadStep(self.channel, batch, timer, groups_per_batch=self.groups_per_batch,
-                                   check=self._checker(step), in_flight_groups=in_flight, ahead=len(self.admitted))
+                                   check=self._checker(step), source=self)
         return self._current
+
+    def join_admitter(self) -> float:
+        """Wait for the admission running beside the step (raising its error); the seconds it ran."""
+        admitter, self._admitter = self._admitter, None
+        return admitter.join() if admitter is not None else 0.0
 
     def _admit(self, *, until: int) -> None:
         while self.next_step <= until:
@@ -104,7 +120,7 @@ class AsyncRollout(CollocatedRollout):
             self.admitted[step] = _Admitted(step, records, (self.prompts.epoch, self.prompts.batch_in_epoch), calls)
             self.next_step += 1
 
-    def _groups_in_flight(self) -> int:
+    def groups_in_flight(self) -> int:
         """Groups of the admitted batches not yet finished (neither on the channel nor taken off it)."""
         return sum(len(b.records) - len(b.arrived) - self.channel.qsize(step_key(b.step))
                    for b in self.admitted.values())
@@ -114,7 +130,7 @@ class AsyncRollout(CollocatedRollout):
         resume keeps what its checkpoint kept and rolls the rest out again)."""
         current = self._current
         unfinished = 0 if current is None else len(current.records) - current.taken - self.channel.qsize(current.key)
-        return unfinished + self._groups_in_flight()
+        return unfinished + self.groups_in_flight()
 
     def _checker(self, step: int) -> Callable[[FinishedGroup], None]:
         trained_at, bound = step - 1, self.settings.max_staleness
@@ -129,6 +145,7 @@ class AsyncRollout(CollocatedRollout):
 
     def wait_rollouts(self) -> None:
         """Wait until no admitted batch is still rolling out (their groups stay on the channel)."""
+        self.join_admitter()
         wait_all([call for batch in self.admitted.values() for call in batch.calls])
 
     @property
@@ -153,7 +170,32 @@ class AsyncRollout(CollocatedRollout):
         return out
 
     def close(self) -> None:
+        self.join_admitter()
         self.channel.close()
+
+
+class _Admitter:
+    """Runs ``work`` on a thread of the driver beside the step; ``join`` returns its seconds or raises its error."""
+
+    def __init__(self, work: Callable[[], object]):
+        self._error: BaseException | None = None
+        self._seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(work,), name="async-admitter", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], object]) -> None:
+        started = time.perf_counter()
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver's thread at join
+            self._error = exc
+        self._seconds = time.perf_counter() - started
+
+    def join(self) -> float:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._seconds
 
 
 class _AheadStep(StreamedStep):
@@ -161,13 +203,13 @@ class _AheadStep(StreamedStep):
     at once (``overlap``)."""
 
     def __init__(self, channel: Channel, batch: _Admitted, timer: StepTimer, *, groups_per_batch: int,
-                 check: Callable[[FinishedGroup], None], in_flight_groups: int, ahead: int):
+                 check: Callable[[FinishedGroup], None], source: AsyncRollout):
         super().__init__(channel, batch.records, batch.step, timer, batch.calls, groups_per_batch=groups_per_batch,
                          arrived=batch.arrived, check=check)
+        self.source = source
         self.whole = groups_per_batch >= len(batch.records)
         if self.whole:
             self.passes = timer  # the update follows the whole rollout: its passes are the step's phases
-        self.in_flight_groups, self.ahead = in_flight_groups, ahead
 
     def end(self) -> dict[str, float]:
         if self.whole:  # the wait for the batch, then the passes and the update, in turn
@@ -176,7 +218,9 @@ class _AheadStep(StreamedStep):
             metrics = {}
         else:
             metrics = super().end()
-        metrics["async/groups_in_flight"] = float(self.in_flight_groups)
-        metrics["async/batches_ahead"] = float(self.ahead)
+        # The admission beside the step (partial rollouts) is done before the step's weights go out.
+        metrics["async/admission_s"] = self.source.join_admitter()
+        metrics["async/groups_in_flight"] = float(self.source.groups_in_flight())
+        metrics["async/batches_ahead"] = float(len(self.source.admitted))
         metrics["async/wait_s"] = self.seconds.get("last_group", time.perf_counter() - self.started)
         return metrics

@@ -13,6 +13,7 @@ from rlinf_search.data.rank_plan import mean_by_key
 from rlinf_search.runners.group_calls import Groups
 from rlinf_search.runners.step_metrics import StepTimer
 from rlinf_search.scheduler import GroupCall, WeightSync, wait_all
+from rlinf_search.scheduler.weight_sync import PendingSync
 from rlinf_search.workers.actor.worker import ActorWorker
 from rlinf_search.workers.critic.worker import CriticWorker
 
@@ -77,12 +78,15 @@ class WeightSyncStage:
 
     ``deferred`` (``overlap``: the rollout runs ahead without partial rollouts): later steps' rollouts are running
     on the old weights, so the new ones go out at the next ``flush``, once ``quiesce()`` (set by the rollout
-    source) has waited until no rollout is in flight.
+    source) has waited until no rollout is in flight. ``background`` (``async`` with partial rollouts): the
+    weights go out at once but the step does not wait for the engines to load them (each first finishes the
+    turns in flight); ``settle`` waits, before the rollout admits more work and before the next sync.
     """
 
-    def __init__(self, weight_sync: WeightSync, *, deferred: bool):
-        self.weight_sync, self.deferred = weight_sync, deferred
+    def __init__(self, weight_sync: WeightSync, *, deferred: bool, background: bool = False):
+        self.weight_sync, self.deferred, self.background = weight_sync, deferred, background
         self._unsynced: int | None = None
+        self._in_flight: PendingSync | None = None
         self.quiesce: Callable[[], None] | None = None
         """Waits until no rollout is in flight (deferred weights go out only then); None: nothing to wait for."""
 
@@ -91,10 +95,23 @@ class WeightSyncStage:
             self._unsynced = version
             return
         with timer.phase("weight_sync"):
-            self.weight_sync.sync(version=version)
+            self.settle()
+            if self.background:
+                self._in_flight = self.weight_sync.start(version)
+            else:
+                self.weight_sync.sync(version=version)
+
+    def settle(self, timer: StepTimer | None = None) -> None:
+        """Wait until a sync sent in the background has been loaded by every receiver."""
+        if self._in_flight is None:
+            return
+        with timer.phase("weight_sync") if timer is not None else nullcontext():
+            pending, self._in_flight = self._in_flight, None
+            pending.wait()
 
     def flush(self, timer: StepTimer | None = None) -> None:
-        """Send the newest weights now if an update has not gone out yet."""
+        """Send the newest weights now if an update has not gone out yet, and wait until they are loaded."""
+        self.settle(timer)
         if self._unsynced is None:
             return
         if self.quiesce is not None:
