@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.data.io_struct import GenerationOutput, QARecord, SamplingParams
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.agent_loop_worker import AgentLoopWorker

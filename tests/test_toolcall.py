@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from rlinf_search.agents import build_agent_loop
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
 from rlinf_search.agents.toolcall.parser import CallError, ToolCall, parse_tool_calls
 from rlinf_search.agents.toolcall.search_function import DEFAULT_SEARCH_SCHEMA, ArgumentError, SearchFunction
