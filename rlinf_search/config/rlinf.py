@@ -231,11 +231,13 @@ def adapt_rlinf_config(raw: dict, *, schema: dict, training_schema: dict) -> lis
     task_type = get(raw, "runner.task_type")
     lines: list[str] = []
     for path, value in list(_leaves(raw)):
+        if not _known(schema, path) and _known(training_schema, path):
+            # Before any rule: a training key an eval does not read (runner.save_interval) needs no translation.
+            lines.append(f"{path} ({_TRAIN_ONLY})")
+            _delete(raw, path)
+            continue
         rule = _rule_for(path, schema)
         if rule is None:
-            if not _known(schema, path) and _known(training_schema, path):
-                lines.append(f"{path} ({_TRAIN_ONLY})")
-                _delete(raw, path)
             continue
         line = _apply(raw, path, value, rule)
         if line:

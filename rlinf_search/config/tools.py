@@ -9,6 +9,7 @@ false`` keeps a section without offering its tool. A tool that reads a server (`
 from __future__ import annotations
 
 from rlinf_search.agents.config import ToolSpec
+from rlinf_search.agents.toolcall.tool_config import ListedTool
 from rlinf_search.agents.tools import TOOLS
 from rlinf_search.config.readers import get
 from rlinf_search.config.schema import ConfigError
@@ -17,9 +18,19 @@ SEARCH_SECTION = "search"
 """The retrieval client's section (``tools.search``, read by ``SearchToolConfig``), not a tool of this list."""
 
 
-def extra_tools(raw: dict, *, protocol: str, search_addr: str) -> tuple[ToolSpec, ...]:
-    """The tools ``tools`` offers beside search; ``ConfigError`` in one line for a section that cannot work."""
-    section = get(raw, "tools", {}) or {}
+def extra_tools(raw: dict, *, protocol: str, search_addr: str, listed: tuple[ListedTool, ...] = (),
+                listed_in: str | None = None) -> tuple[ToolSpec, ...]:
+    """The tools ``tools`` offers beside search, and those the tool config file ``listed_in`` lists (``listed``);
+    ``ConfigError`` in one line for a section or a listed tool that cannot work."""
+    section = dict(get(raw, "tools", {}) or {})
+    for tool in listed:
+        if tool.name in section or tool.name == SEARCH_SECTION:
+            continue
+        if tool.name not in TOOLS:
+            raise ConfigError(f"tools.search.tool_config: {listed_in} lists {tool.source} (function {tool.name!r}), "
+                              f"which no tool here serves; add a tools.{tool.name} section with class: a dotted path "
+                              f"to your Tool, or take it out of the file")
+        section[tool.name] = {}
     specs = []
     for name, settings in section.items():
         if name == SEARCH_SECTION:

@@ -19,6 +19,7 @@ from rlinf_search.agents.searchr1.protocol import (
     parse_action,
     strip_protocol_tags,
 )
+from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.data.io_struct import ResponseSpan, Trajectory
 
 __all__ = ["SearchR1AgentLoop", "graded_text"]
@@ -48,6 +49,9 @@ class SearchR1AgentLoop(AgentLoop):
             raise ValueError(f"agent.protocol searchr1: its <search> tags call the search tool and no other; the tools "
                              f"offered are {', '.join(self.tools) or 'none'} (other tools need agent.protocol toolcall)")
         (self._search_name,) = self.tools  # "search", or the name a tool config gave the search function
+        # A <search> tag's query becomes arguments in the tool's own schema, read through the Tool interface only.
+        self._search_function = SearchFunction.from_schema(self.tools[self._search_name].schema,
+                                                           source=f"tool {self._search_name!r}")
         self._information_tail_ids = self._encode(_INFORMATION_TAIL)
 
     def read_turn(self, rollout: RolloutState, turn: ModelTurn, tools_allowed: bool) -> str | None:
@@ -59,8 +63,8 @@ class SearchR1AgentLoop(AgentLoop):
         rollout.tool_turns += 1
         action = rollout.action
         if action.kind == "search":
-            search = self.tools[self._search_name]
-            result = await self.call_tool(rollout.traj, self._search_name, search.arguments_for(action.content))
+            arguments = self._search_function.arguments_for(action.content)
+            result = await self.call_tool(rollout.traj, self._search_name, arguments)
             self._append_observation(rollout.traj, f"\n\n<information>{result.text}</information>\n\n",
                                      kind="information")
         else:

@@ -70,7 +70,7 @@ class AccessTool:
 
     def __init__(self, settings: dict, *, tokenizer=None):
         self.settings, self.tokenizer = AccessSettings(**settings), tokenizer
-        self._url = f"http://{settings.server_addr}/access"
+        self._url = f"http://{self.settings.server_addr}/access"
         self._http = make_http_client(8, trust_env=False)
 
     async def call(self, arguments: dict) -> ToolResult:

@@ -9,7 +9,7 @@ import time
 
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.searchr1.protocol import strip_protocol_tags
-from rlinf_search.agents.toolcall.search_function import ArgumentError, SearchFunction
+from rlinf_search.agents.tools.search_function import ArgumentError, SearchFunction
 from rlinf_search.agents.tools.base import ToolResult
 from rlinf_search.tools.search.base import SearchOutcome, SearchTool
 from rlinf_search.tools.search.observation import (
