@@ -258,11 +258,14 @@ def service_model(overrides: list[str], parser: argparse.ArgumentParser) -> Serv
     return dataclasses.replace(ServiceModel(), **changes)
 
 
-def runs(modes: list[str], splits: list[int], devices: int) -> list[tuple[str, str, int]]:
-    """(mode, run name, engine devices) of every run: the split modes once per split, the others once."""
+def runs(modes: list[str], splits: list[int], devices: int,
+         swept: tuple[str, ...] = SPLIT_MODES) -> list[tuple[str, str, int]]:
+    """(mode, run name, engine devices) of every run: a swept split mode once per split, another split mode at
+    the first split only, the shared modes once."""
     out = []
     for mode in modes:
-        for rollout_devices in (splits if mode in SPLIT_MODES else [devices]):
+        mode_splits = splits if mode in swept else splits[:1]
+        for rollout_devices in (mode_splits if mode in SPLIT_MODES else [devices]):
             name = f"{mode}-{rollout_devices}+{devices - rollout_devices}" if mode in SPLIT_MODES else mode
             out.append((mode, name, rollout_devices))
     return out
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--rollout-devices", default="4",
                         help="engines' devices in overlap, stream and async; a comma list runs each (a sweep)")
+    parser.add_argument("--sweep-modes", default="stream,async",
+                        help="split modes run at every --rollout-devices value; the other split modes at its first")
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--group-size", type=int, default=5)
     parser.add_argument("--minibatches", type=int, default=2)
@@ -296,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     paths = prepare(work, args.prompts)
     results, traces = {}, {}
-    for mode, name, rollout_devices in runs(modes, splits, args.devices):
+    swept = tuple(m for m in args.sweep_modes.split(",") if m)
+    for mode, name, rollout_devices in runs(modes, splits, args.devices, swept):
         trace_dir = work / f"trace-{name}"
         trace_dir.mkdir(exist_ok=True)
         for old in trace_dir.glob("*.jsonl"):
