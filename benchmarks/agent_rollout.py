@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop  # noqa: E402
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop  # noqa: E402
 from rlinf_search.agents.searchr1.metrics import rollout_metrics  # noqa: E402
 from rlinf_search.data.io_struct import QARecord, SamplingParams  # noqa: E402
 from rlinf_search.retrieval.build_index import main as build_index_main  # noqa: E402

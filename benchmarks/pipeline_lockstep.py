@@ -25,10 +25,11 @@ import time
 import ray
 
 from benchmarks.service_model import Trace, read_settings
+from rlinf_search.agents.engine import derive_seed
 from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
+from rlinf_search.agents.tools import as_tools
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.tools.search.base import SearchHit, SearchOutcome
-from rlinf_search.workers.rollout.sampling import derive_seed
 
 LOCKSTEP_MODEL = {
     # Search-R1 verl/trainer/config/ppo_trainer.yaml, rollout.free_cache_engine: True: the KV cache is freed after
@@ -110,24 +111,25 @@ class LockstepAgentLoop(SearchR1AgentLoop):
         barrier = _barrier()
         rollouts = []
         for index, record in enumerate(r for r in records for _ in range(samples_per_prompt)):
-            rollout = self._start(record)
+            rollout = self.start(record)
             rollout.seed = None if seed is None else derive_seed(seed, index)
             rollouts.append(rollout)
         # The turn's searches are answered by the barrier's one retrieval: passages as the simulated retriever's.
         passage = " ".join(["the"] * read_settings().model.passage_words)
-        self.tool = _Answered([SearchHit(title=f"doc {i}", text=passage) for i in range(self.config.topk)])
+        self.tools = as_tools(_Answered([SearchHit(title=f"doc {i}", text=passage) for i in range(self.config.topk)]),
+                              self.config, self.tokenizer)
         turn = 0
         while True:
             active = [r for r in rollouts if not r.done]
-            await asyncio.gather(*(self._generate_step(r) for r in active))
+            await asyncio.gather(*(self.generate_step(r) for r in active))
             searching = [r for r in active if not r.done]
             queries = sum(r.action.kind == "search" for r in searching)
             # Every rank waits here for the slowest sequence of the turn on any rank, and for the one retrieval.
             if not await barrier.turn.remote((call, turn), queries, bool(active)):
                 break
-            await asyncio.gather(*(self._observe_step(r) for r in searching))
+            await asyncio.gather(*(self.observe_step(r) for r in searching))
             turn += 1
-        return [self._finish(r) for r in rollouts]
+        return [self.finish(r) for r in rollouts]
 
 
 class _Answered:

@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.data.prepare import load_records
 from rlinf_search.retrieval.launch import RetrievalServerProcess
 from toolkits.machine_info import machine_info, summary

@@ -9,7 +9,8 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
 from rlinf_search.agents.searchr1.protocol import INVALID_ACTION_OBSERVATION, parse_action
 from rlinf_search.data.io_struct import QARecord, SamplingParams
 from rlinf_search.retrieval.launch import RetrievalServerProcess

@@ -11,12 +11,13 @@ import asyncio
 
 import pytest
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.data.io_struct import GenerationOutput, QARecord, SamplingParams
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.agent_loop_worker import AgentLoopWorker
 from rlinf_search.workers.rollout.config import RolloutConfig
-from rlinf_search.workers.rollout.router import EngineRouter, RoutedEngine, RouteSession, routed_trajectory
+from rlinf_search.agents.engine import RouteSession, routed_trajectory
+from rlinf_search.workers.rollout.router import EngineRouter, RoutedEngine
 from rlinf_search.workers.rollout.server import EngineServerWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
 from rlinf_search.scheduler.placement import host_placement

@@ -83,6 +83,8 @@ def _literals(node: ast.expr | None) -> list[str]:
 def _schema_node(schema: dict, key: str):
     node = schema
     for part in key.split("."):
+        if node == "*":
+            return node  # an open section: its checker names its keys
         if not isinstance(node, dict) or part not in node:
             return KeyError
         node = node[part]

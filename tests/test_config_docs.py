@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from rlinf_search.agents.tools.access import AccessSettings
 from rlinf_search.config import DEPRECATED_KEYS, REMOVED_KEYS, SCHEMA
 from rlinf_search.distill.config import TeacherConfig
 from rlinf_search.scheduler.config import ClusterConfig
@@ -22,8 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "config.md"
 TINY = ROOT / "examples" / "searchr1" / "config" / "tiny-cpu.yaml"
 
-# SCHEMA leaves these open ("*"); the dataclass that checks each one names its keys.
-OPEN_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig, "algorithm.distill.teacher": TeacherConfig}
+
+def _names(config) -> list[str]:
+    return [field.name for field in fields(config)]
+
+
+# SCHEMA leaves these open ("*"); the dataclasses that check each one name its keys. ``tools`` holds the search
+# client's section and a section per other tool (``tools.<name>``: its two keys of every tool, then the settings
+# of each registered tool).
+OPEN_SECTIONS = {"cluster": _names(ClusterConfig),
+                 "tools": [f"search.{name}" for name in _names(SearchToolConfig)] + ["<name>.enable", "<name>.class"]
+                 + [f"access.{name}" for name in _names(AccessSettings)],
+                 "algorithm.distill.teacher": _names(TeacherConfig)}
 # Open sections whose content belongs to another tool, documented as one key.
 PASSED_THROUGH = {"hydra"}
 
@@ -34,7 +45,7 @@ def accepted_keys(schema: dict = SCHEMA, prefix: str = "") -> list[str]:
     for name, sub in schema.items():
         path = f"{prefix}{name}"
         if path in OPEN_SECTIONS:
-            keys += [f"{path}.{field.name}" for field in fields(OPEN_SECTIONS[path])]
+            keys += [f"{path}.{name}" for name in OPEN_SECTIONS[path]]
         elif isinstance(sub, dict):
             keys += accepted_keys(sub, f"{path}.")
         else:
@@ -46,7 +57,7 @@ def documented_rows() -> list[tuple[str | None, str]]:
     """(section heading, key) of every config-key table row, in document order."""
     rows, section, in_key_table = [], None, False
     for number, line in enumerate(DOC.read_text(encoding="utf-8").splitlines(), start=1):
-        heading = re.match(r"^## `([\w.]+)`\s*$", line)
+        heading = re.match(r"^## `([\w.<>]+)`(:.*)?$", line)
         if heading:
             section = heading.group(1)
         if re.match(r"^\|\s*key\s*\|", line):
@@ -58,7 +69,7 @@ def documented_rows() -> list[tuple[str | None, str]]:
         if not in_key_table or re.match(r"^\|[\s|:-]+$", line):
             continue
         cell = line.split("|")[1].strip()
-        key = re.fullmatch(r"`([\w.]+)`", cell)
+        key = re.fullmatch(r"`([\w.<>]+)`", cell)
         assert key, f"docs/config.md:{number}: a key table row must start with a `dotted.key`, got {cell!r}"
         rows.append((section, key.group(1)))
     return rows
@@ -96,8 +107,9 @@ def test_rows_are_unique_and_under_their_section():
     rows = documented_rows()
     keys = [key for _, key in rows]
     assert len(keys) == len(set(keys)), f"keys with two rows: {sorted({k for k in keys if keys.count(k) > 1})}"
-    misplaced = [(section, key) for section, key in rows
-                 if section is None or not (key == section or key.startswith(f"{section}."))]
+    misplaced = [(section, key) for section, key in rows  # tools.<name> holds every tool's section
+                 if section is None or not re.fullmatch(re.escape(section).replace("<name>", r"[\w<>]+") + r"(\..+)?",
+                                                        key)]
     assert not misplaced, f"rows under another section's heading: {misplaced}"
 
 

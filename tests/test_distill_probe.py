@@ -60,7 +60,7 @@ def test_the_kl_is_zero_against_itself_and_positive_against_another_model(tmp_pa
     other.save_pretrained(tmp_path / "other")
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "other")
     probe = _module()  # in-process this time: one subprocess start-up is enough for the CLI
-    from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+    from rlinf_search.agents.config import AgentLoopConfig
     from rlinf_search.data.io_struct import SamplingParams
     from rlinf_search.data.prepare import load_records
     from rlinf_search.tools.search import SearchToolConfig

@@ -22,12 +22,18 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_no_worker_module_imports_a_runner_or_the_run_config():
+def _imports_of(package: str, banned: tuple[str, ...]) -> list[str]:
+    """``path: module`` for every import of a ``banned`` module (or one below it) by a module of ``package``."""
     offenders = []
-    for path in sorted((ROOT / "rlinf_search" / "workers").rglob("*.py")):
+    for path in sorted((ROOT / "rlinf_search" / package).rglob("*.py")):
         for name in _imports(path):
-            if any(name == banned or name.startswith(banned + ".") for banned in RUN_LEVEL):
+            if any(name == b or name.startswith(b + ".") for b in banned):
                 offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    return offenders
+
+
+def test_no_worker_module_imports_a_runner_or_the_run_config():
+    offenders = _imports_of("workers", RUN_LEVEL)
     assert not offenders, offenders
 
 
@@ -43,3 +49,21 @@ def test_the_reward_worker_loads_only_rewards_and_the_runtime():
     stray = [m for m in loaded if m not in modules and not m.startswith(packages)]
     assert not stray, stray
     assert len(loaded) <= 25, loaded  # 70 when the worker took the whole RunConfig
+
+
+def test_agents_are_a_floor_below_the_workers():
+    """Agent loops import nothing from the workers (or runners, or the run config): the engine protocol, the
+    routing session and the seeds live in ``agents/engine.py``, and the workers import them from there."""
+    offenders = _imports_of("agents", ("rlinf_search.workers", *RUN_LEVEL))
+    assert not offenders, offenders
+
+
+def test_no_protocol_imports_another_protocols_private_names():
+    """``searchr1`` and ``toolcall`` are siblings over ``agents/base.py``: neither reaches into the other's privates."""
+    offenders = []
+    for path in sorted((ROOT / "rlinf_search" / "agents").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlinf_search.agents"):
+                offenders += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_")]
+    assert not offenders, offenders

@@ -20,7 +20,8 @@ from transformers import AutoTokenizer
 from benchmarks.pipeline import busy_share
 from benchmarks.pipeline_sim import SimulatedEngine, SimulatedSearchBackend
 from benchmarks.service_model import SETTINGS_ENV, ServiceModel, Settings, read_settings, write_settings
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord, SamplingParams
 from rlinf_search.tools.search import SearchClient, SearchToolConfig
 

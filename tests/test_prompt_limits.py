@@ -14,7 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
 from rlinf_search.config import ConfigError, validate_cfg
 from rlinf_search.data.io_struct import QARecord
 from rlinf_search.data.prompt_tokens import PromptLimit, PromptTokenizer, PromptTooLong

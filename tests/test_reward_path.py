@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop, graded_text
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop, graded_text
 from rlinf_search.agents.searchr1.protocol import INVALID_ACTION_OBSERVATION, parse_action
 from rlinf_search.data.io_struct import QARecord, ResponseSpan, RewardScore
 from rlinf_search.retrieval.build_index import main as build_index_main

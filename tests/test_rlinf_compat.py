@@ -27,6 +27,8 @@ TRAIN_CONFIGS = ("qwen2.5-3b-tool-fsdp-1node", "qwen2.5-3b-tool-1node")
 EVAL_CONFIG = "qwen2.5-3b-tool-1node-eval"
 # RLinf's current Search-R1 recipe (main branch): per-turn sequences, grpo_dynamic, loss scales.
 MAIN_TRAIN, MAIN_EVAL = "train_qwen2.5", "eval_qwen2.5"
+# RLinf's own end-to-end test configs of the recipe (main branch): FSDP and Megatron training, and the eval.
+E2E_TRAIN, E2E_EVAL = ("e2e-qwen2.5-1.5b-fsdp", "e2e-qwen2.5-1.5b-megatron"), "e2e-qwen2.5-1.5b-eval"
 ON_GPUS = "+cluster.num_gpus_per_node=8"  # RLinf places on the GPUs Ray finds; this machine has none
 
 
@@ -87,12 +89,12 @@ def _read_by_us(schema, path: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("name", (*TRAIN_CONFIGS, EVAL_CONFIG, MAIN_TRAIN, MAIN_EVAL))
+@pytest.mark.parametrize("name", (*TRAIN_CONFIGS, EVAL_CONFIG, MAIN_TRAIN, MAIN_EVAL, *E2E_TRAIN, E2E_EVAL))
 def test_every_rlinf_key_is_read_mapped_or_listed(name, data_file, caplog):
     """Each leaf key of RLinf's config is one our reader takes, or appears in the start-up listing."""
     raw = OmegaConf.to_container(OmegaConf.load(RLINF_DIR / f"{name}.yaml"), resolve=False)
     raw.pop("defaults")
-    is_eval = name in (EVAL_CONFIG, MAIN_EVAL)
+    is_eval = name in (EVAL_CONFIG, MAIN_EVAL, E2E_EVAL)
     with caplog.at_level(logging.WARNING):
         (validate_eval_cfg if is_eval else validate_cfg)(compose_rlinf(name, [
             f"{'data.val_data_paths' if is_eval else 'data.train_data_paths'}=[{data_file}]", ON_GPUS]))
@@ -103,6 +105,20 @@ def test_every_rlinf_key_is_read_mapped_or_listed(name, data_file, caplog):
                    if path not in listed and path not in renamed and not _read_by_us(schema, path)]
     assert unaccounted == []
     assert "runner.task_type" in listed and "rollout.sglang.attention_backend" in listed
+
+
+@pytest.mark.parametrize("name", E2E_TRAIN)
+def test_rlinf_end_to_end_test_configs_load_with_only_paths_changed(name, data_file, caplog):
+    """RLinf's own CI configs of the recipe: a server-less search (dummy_mode) and no periodic checkpoint."""
+    with caplog.at_level(logging.WARNING):
+        run = validate_cfg(compose_rlinf(name, [f"data.train_data_paths=[{data_file}]", ON_GPUS]))
+    assert run.search.backend == "empty", "dummy_mode: every search finds nothing, no server is called"
+    assert run.runner.save_interval == 0 and run.runner.max_steps == 2 and run.rollout_batch_size == 32
+    assert run.actor.training_backend == ("megatron" if "megatron" in name else "fsdp")
+    listing = "\n".join(r.getMessage() for r in caplog.records)
+    assert "reward.random_print_percent (runner.rollout_dump writes sample trajectories" in listing
+    evaluation = validate_eval_cfg(compose_rlinf(E2E_EVAL, [f"data.val_data_paths=[{data_file}]", ON_GPUS]))
+    assert evaluation.search.backend == "empty"
 
 
 def test_eval_config_loads(data_file):

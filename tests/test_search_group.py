@@ -8,7 +8,8 @@ import asyncio
 import pytest
 import ray
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord
 from rlinf_search.scheduler import Worker
 from rlinf_search.tools.search import SearchToolConfig

@@ -9,14 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from rlinf_search.agents import build_agent_loop
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
 from rlinf_search.agents.toolcall.parser import CallError, ToolCall, parse_tool_calls
-from rlinf_search.agents.toolcall.search_function import DEFAULT_SEARCH_SCHEMA, ArgumentError, SearchFunction
+from rlinf_search.agents.tools.search_function import DEFAULT_SEARCH_SCHEMA, ArgumentError, SearchFunction
 from rlinf_search.agents.toolcall.tool_config import ToolConfigError, read_tool_config
 from rlinf_search.config import ConfigError, validate_cfg
 from rlinf_search.data.io_struct import QARecord
@@ -235,7 +236,7 @@ def test_tool_config_files_that_cannot_work_are_refused_in_one_line(tmp_path):
         read_tool_config(url)
     no_query = tmp_path / "tool.json"
     no_query.write_text(json.dumps({"name": "calc", "parameters": {"properties": {"x": {"type": "number"}}}}))
-    with pytest.raises(ToolConfigError, match="must take query_list"):
+    with pytest.raises(ToolConfigError, match="one search tool .a schema taking query_list or query., found 0"):
         read_tool_config(no_query)
 
 
@@ -253,6 +254,39 @@ def test_the_run_config_takes_the_protocol_and_the_tool_config(tmp_path):
     OmegaConf.update(cfg, "agent.protocol", "tags")
     with pytest.raises(ConfigError, match="agent.protocol"):
         validate_cfg(cfg)
+
+
+def test_a_verl_tool_config_listing_several_tools_offers_each_or_names_the_one_nothing_serves(tmp_path):
+    """verl's file lists search and access: both are offered, access by the registered tool on the search server
+    (its tools.access section, where there is one, sets it); a tool nothing here serves stops the run in one line."""
+    verl = yaml.safe_load((TOOL_CONFIGS / "verl_search_tool_config.yaml").read_text())
+    access = {"class_name": "my_project.tools.AccessTool", "config": {"type": "native"},
+              "tool_schema": {"type": "function", "function": {
+                  "name": "access", "description": "Opens a page by URL.",
+                  "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}}}}
+    file = tmp_path / "tools.yaml"
+    file.write_text(yaml.safe_dump({"tools": [*verl["tools"], access]}))
+    listed = read_tool_config(file).listed
+    assert [(t.name, t.source) for t in listed] == [("access", "my_project.tools.AccessTool")]
+    cfg = OmegaConf.load(ROOT / "examples" / "searchr1" / "config" / "tiny-cpu.yaml")
+    OmegaConf.update(cfg, "runner.output_dir", str(tmp_path))
+    cfg.data.train_data_paths = cfg.data.val_data_paths = [str(HOTPOT_DIR / "test.jsonl")]
+    OmegaConf.update(cfg, "agent.protocol", "toolcall")
+    OmegaConf.update(cfg, "tools.search.tool_config", str(file))
+    (spec,) = validate_cfg(cfg).agent_loop.tools
+    assert spec.name == "access" and spec.settings["server_addr"] == "127.0.0.1:8000"
+    OmegaConf.update(cfg, "tools.access", {"max_page_tokens": 64})
+    (spec,) = validate_cfg(cfg).agent_loop.tools
+    assert spec.settings["max_page_tokens"] == 64
+    calculator = {"class_name": "verl.tools.gsm8k_tool.Gsm8kTool", "config": {"type": "native"},
+                  "tool_schema": {"type": "function", "function": {
+                      "name": "calc_gsm8k_reward", "parameters": {"type": "object", "properties": {}}}}}
+    file.write_text(yaml.safe_dump({"tools": [*verl["tools"], calculator]}))
+    with pytest.raises(ConfigError) as refused:
+        validate_cfg(cfg)
+    message = str(refused.value)
+    assert "verl.tools.gsm8k_tool.Gsm8kTool (function 'calc_gsm8k_reward')" in message
+    assert "tools.calc_gsm8k_reward section with class" in message and "\n" not in message
 
 
 # ---- through the runner -------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
-from rlinf_search.agents.toolcall.search_function import DEFAULT_SEARCH_SCHEMA
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.tools.search_function import DEFAULT_SEARCH_SCHEMA
 from rlinf_search.data.prepare import prepare, write_records
 from rlinf_search.data.prompt_tokens import PromptTokenizer
 from rlinf_search.retrieval.build_index import main as build_index_main

@@ -13,7 +13,8 @@ import json
 import pytest
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
 from rlinf_search.data.io_struct import QARecord, SamplingParams
 from rlinf_search.tools.search.base import SearchHit, SearchOutcome
 from rlinf_search.workers.rollout.base import build_engine

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.data.prepare import load_records
 from toolkits.sft_scripts import BehaviourMix, SyntheticScripts
 from toolkits.sft_warmstart import _collect_from_server

@@ -167,7 +167,7 @@ def _prompt_template_texts(copies: int = 50) -> Iterator[str]:
 def _tool_calling_texts(copies: int = 50) -> Iterator[str]:
     """What every function-calling prompt and call repeats: the tool system turn with the built-in search schema,
     a call's JSON frame and a tool response's frame, as often as the prompt templates."""
-    from rlinf_search.agents.toolcall.search_function import DEFAULT_SEARCH_SCHEMA
+    from rlinf_search.agents.tools.search_function import DEFAULT_SEARCH_SCHEMA
 
     system = f"{TOOLS_INTRO}\n{json.dumps(DEFAULT_SEARCH_SCHEMA)}{TOOLS_OUTRO}"
     call = '<tool_call>\n{"name": "search", "arguments": {"query_list": [""]}}\n</tool_call>'

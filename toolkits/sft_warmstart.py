@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from rlinf_search.agents import build_agent_loop
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
-from rlinf_search.agents.toolcall.search_function import SearchFunction
+from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prompt_tokens import PromptTokenizer
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.runners.eval_runner import evaluate, rollouts, score_trajectories

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.data.io_struct import SamplingParams, Trajectory
 from rlinf_search.data.prepare import load_records
 from rlinf_search.runners.eval_runner import rollouts

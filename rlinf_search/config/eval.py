@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_int
 from rlinf_search.config.run import RunConfig, group_names, seq_length

@@ -146,6 +146,14 @@ RLINF_KEYS: dict[str, NoEffect | Moved | Translated | SameAs | Means] = {
     "inference.model.pipeline_model_parallel_size": NoEffect("an InferenceGroup rank holds a whole model", (1,)),
     "inference.model.sequence_parallel": NoEffect("an InferenceGroup rank holds a whole model", (False,)),
     "reward.use_reward_model": NoEffect("rewards are rule-based (reward.score)", (False,)),
+    "tools.search.dummy_mode": Means({True: ("tools.search.backend", "empty"),
+                                      False: ("tools.search.backend", "local")},
+                                     "RLinf's dummy mode answers every search with no results and never calls the "
+                                     "server; the empty backend does the same"),
+    "runner.save_interval": Translated({-1: 0}, "RLinf's -1 saves no periodic checkpoint; 0 does the same here "
+                                               "(the last step still saves, so a finished run can be evaluated)"),
+    "reward.random_print_percent": NoEffect("runner.rollout_dump writes sample trajectories of every step to "
+                                            "files (a count, not a share of the batch)"),
     "reward.tokenizer.tokenizer_model": SameAs("rollout.model.model_path"),
     "reward.tokenizer.*": NoEffect("rewards read text the agent loop decoded"),
     "actor.seed": NoEffect("every seed of the run derives from data.seed"),
@@ -223,11 +231,13 @@ def adapt_rlinf_config(raw: dict, *, schema: dict, training_schema: dict) -> lis
     task_type = get(raw, "runner.task_type")
     lines: list[str] = []
     for path, value in list(_leaves(raw)):
+        if not _known(schema, path) and _known(training_schema, path):
+            # Before any rule: a training key an eval does not read (runner.save_interval) needs no translation.
+            lines.append(f"{path} ({_TRAIN_ONLY})")
+            _delete(raw, path)
+            continue
         rule = _rule_for(path, schema)
         if rule is None:
-            if not _known(schema, path) and _known(training_schema, path):
-                lines.append(f"{path} ({_TRAIN_ONLY})")
-                _delete(raw, path)
             continue
         line = _apply(raw, path, value, rule)
         if line:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_search.config.distill import distill_config
 from rlinf_search.config.pipeline import ASYNC_DEFAULTS, PipelineSettings, async_correction, resolve_pipeline

@@ -41,7 +41,7 @@ SCHEMA: dict[str, Any] = {
     "agentloop": {"max_turns": None, "max_tool_response_length": None, "max_passage_tokens": None,
                   "retokenize": None, "num_workers": None},
     "agent": {"protocol": None},
-    "tools": {"search": "*"},  # checked by SearchToolConfig.from_dict (tool_config: read by config/sections.py)
+    "tools": "*",  # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
     "rollout": {"group_name": None, "rollout_backend": None, "max_running_requests": None,
                 "gpu_memory_utilization": None, "tensor_parallel_size": None, "seeded": None,
                 "model": {"model_path": None, "precision": None}},

@@ -12,11 +12,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlinf_search.agents import AGENT_PROTOCOLS
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
-from rlinf_search.agents.toolcall.search_function import SearchFunction
-from rlinf_search.agents.toolcall.tool_config import ToolConfigError, read_tool_config
-from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_precision, get_registered
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.tools.search_function import SearchFunction
+from rlinf_search.agents.toolcall.tool_config import ListedTool, ToolConfigError, read_tool_config
+from rlinf_search.agents.tools import TOOLS
+from rlinf_search.config.readers import (
+    get,
+    get_bool,
+    get_float,
+    get_int,
+    get_precision,
+    get_registered,
+)
 from rlinf_search.config.schema import ConfigError
+from rlinf_search.config.tools import extra_tools
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import TRUNCATIONS, PromptLimit
 from rlinf_search.rewards import REWARDS
@@ -108,7 +117,7 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
     section = get(raw, "tools.search", {})
     if not isinstance(section, dict):
         raise ConfigError(f"tools.search: expected a section of keys, got {type(section).__name__}")
-    section, tool_schema = _with_tool_config(section)
+    section, tool_schema, listed = _with_tool_config(section)
     try:
         search = SearchToolConfig.from_dict(section)
     except (TypeError, ValueError) as exc:
@@ -131,7 +140,9 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
                                        minimum=1),
             max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk, retokenize=retokenize(raw),
             apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
-            truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema)
+            truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema,
+            tools=extra_tools(raw, protocol=protocol, search_addr=search.server_addr, listed=listed,
+                              listed_in=section.get("tool_config")))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -140,17 +151,18 @@ def with_offered_tools(limit: PromptLimit, loop: AgentLoopConfig) -> PromptLimit
     """``limit`` measuring prompts with the tool schema the ``toolcall`` loop renders into them."""
     if loop.protocol != "toolcall":
         return limit
-    return replace(limit, tools=(SearchFunction.from_schema(loop.tool_schema).schema,))
+    extra = tuple(TOOLS.resolve(spec.factory).schema for spec in loop.tools)
+    return replace(limit, tools=(SearchFunction.from_schema(loop.tool_schema).schema, *extra))
 
 
-def _with_tool_config(section: dict) -> tuple[dict, dict | None]:
+def _with_tool_config(section: dict) -> tuple[dict, dict | None, tuple[ListedTool, ...]]:
     """``tools.search`` with what ``tools.search.tool_config`` (a verl tool config or an rllm schema file) sets
-    applied over it, and the search function's schema from that file (None without one). The file wins: it is
-    what the run was pointed at; each key it changes is logged."""
+    applied over it, the search function's schema from that file (None without one), and the file's other
+    tools. The file wins: it is what the run was pointed at; each key it changes is logged."""
     section = dict(section)
     path = section.get("tool_config")
     if not path:
-        return section, None
+        return section, None, ()
     try:
         found = read_tool_config(path)
     except ToolConfigError as exc:
@@ -159,7 +171,7 @@ def _with_tool_config(section: dict) -> tuple[dict, dict | None]:
         if section.get(key) not in (None, value):
             log.info("tools.search.%s: %r from %s replaces %r", key, value, path, section[key])
         section[key] = value
-    return section, found.function.schema
+    return section, found.function.schema, found.listed
 
 
 def cluster_placement(raw: dict, rollout_backend: str) -> tuple[ClusterConfig, Placement]:

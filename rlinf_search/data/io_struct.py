@@ -124,6 +124,10 @@ class Trajectory:
     tool_call_errors: int = 0
     """Tool calls the model wrote that could not run (``toolcall`` protocol: bad JSON, an unknown tool, missing
     arguments); each got an error message as its tool response."""
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    """Calls run per tool name (``search``, ``access``, a user's)."""
+    tool_errors: dict[str, int] = field(default_factory=dict)
+    """Failed calls per ``<tool>/<kind>`` (``search/arguments``, ``search/backend``, ...)."""
     template_drift: bool = False
     """``toolcall``: re-rendering the conversation as chat messages through the template gives other ids than
     the trajectory's (what a pipeline that re-tokenizes messages would train on; measured, never used)."""

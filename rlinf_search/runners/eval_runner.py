@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rlinf_search.agents import AGENT_PROTOCOLS, build_agent_loop
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.searchr1.metrics import rollout_metrics
 from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
 from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
@@ -79,9 +79,13 @@ async def rollouts(model_path: str, records: list[QARecord], tool_config: Search
     as ``loop_config`` says (``seed``: trajectory i's turns sample with seeds derived from it)."""
     engine = HFGenerationEngine(HFEngineConfig(model_path))
     tool = build_search_tool(tool_config)
+    loop = None
     try:
-        return await build_agent_loop(engine, tool, engine.tokenizer, loop_config).run_batch(records, seed=seed)
+        loop = build_agent_loop(engine, tool, engine.tokenizer, loop_config)
+        return await loop.run_batch(records, seed=seed)
     finally:
+        if loop is not None:
+            await loop.aclose()
         await tool.aclose()
         await engine.aclose()
 

@@ -36,5 +36,12 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     }
     for reason, count in Counter(t.finish_reason for t in trajectories).items():
         metrics[f"rollout/finish_{reason}"] = count / n
+    # Per tool: calls a trajectory made, and its failed calls by kind (``search/arguments``, ``access/not_found``).
+    calls, errors = Counter(), Counter()
+    for traj in trajectories:
+        calls.update(traj.tool_calls)
+        errors.update(traj.tool_errors)
+    metrics.update({f"rollout/tool_calls/{name}": count / n for name, count in sorted(calls.items())})
+    metrics.update({f"rollout/tool_errors/{name}": count / n for name, count in sorted(errors.items())})
     return metrics
 

@@ -17,20 +17,29 @@ What re-rendering the whole conversation through the template would give instead
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from dataclasses import dataclass
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, SearchR1AgentLoop, _Rollout, _Turn
-from rlinf_search.agents.searchr1.protocol import ANSWER_CLOSE, ANSWER_OPEN, strip_protocol_tags
-from rlinf_search.agents.toolcall.parser import CallError, ParsedTurn, ToolCall, parse_tool_calls, without_thinking
-from rlinf_search.agents.toolcall.search_function import ArgumentError, SearchFunction
+from rlinf_search.agents.base import AgentLoop, ModelTurn, RolloutState
+from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.agents.searchr1.loop import graded_text
+from rlinf_search.agents.searchr1.protocol import ANSWER_CLOSE, ANSWER_OPEN
+from rlinf_search.agents.toolcall.parser import (
+    CallError,
+    ParsedTurn,
+    ToolCall,
+    first_call_outside_thinking,
+    parse_tool_calls,
+    without_thinking,
+)
 from rlinf_search.data.io_struct import QARecord, Trajectory
-from rlinf_search.tools.search.base import SearchTool
-from rlinf_search.tools.search.observation import NO_RESULTS, failure_line, truncate_passage
+from rlinf_search.tools.search.observation import truncate_passage
 
-# Two throw-away turns the tool messages are rendered after; only what the template adds past them is kept.
-_PROBE_USER, _PROBE_ASSISTANT, _PROBE_RESULT = "probe question", "probe reply", "probe tool result"
+# A throw-away conversation the tool messages are rendered after; only what the template adds past the model's turn
+# is kept. The turn reasons first, as a thinking model does: templates that treat reasoning apart (Qwen3's drops an
+# empty think block from turns followed by tool messages, and adds one to the last) render it as the model wrote it.
+_PROBE_USER, _PROBE_THOUGHT, _PROBE_REPLY = "probe question", "probe thought", "probe reply"
+_PROBE_TURN = f"<think>\n{_PROBE_THOUGHT}\n</think>\n\n{_PROBE_REPLY}"
+_PROBE_RESULT = "probe tool result"
 
 
 class TemplateWithoutTools(ValueError):
@@ -49,20 +58,24 @@ class _ToolTurn:
     """The turn's text, for re-rendering it as an assistant message."""
 
 
-class ToolCallAgentLoop(SearchR1AgentLoop):
-    """Function-calling rollouts against a generation engine and the search tool."""
+class ToolCallAgentLoop(AgentLoop):
+    """Function-calling rollouts against a generation engine and its tools (each offered by its schema)."""
 
     stops = ()
 
-    def __init__(self, engine, tool: SearchTool, tokenizer, config: AgentLoopConfig):
-        super().__init__(engine, tool, tokenizer, config)
-        self.function = SearchFunction.from_schema(config.tool_schema)
-        self.prompts.tools = [self.function.schema]
-        self._tools = {self.function.name: self.function.function}
+    def __init__(self, engine, tools, tokenizer, config: AgentLoopConfig):
+        super().__init__(engine, tools, tokenizer, config)
+        self.schemas = [tool.schema for tool in self.tools.values()]
+        """Every tool's OpenAI schema, rendered into the prompt by the chat template."""
+        self.prompts.tools = self.schemas
+        self._functions = {name: tool.schema["function"] for name, tool in self.tools.items()}
         self._end = tokenizer.eos_token
         self._end_id = tokenizer.convert_tokens_to_ids(self._end) if self._end else None
-        self._probe = self._render([{"role": "user", "content": _PROBE_USER},
-                                    {"role": "assistant", "content": _PROBE_ASSISTANT}], generation_prompt=False)
+        self._prompt_probe = self._render([{"role": "user", "content": _PROBE_USER}], tools=self.schemas,
+                                          generation_prompt=True)
+        self.opens_thinking = _inside_thinking(self._prompt_probe)
+        """The generation prompt opens a ``<think>`` block (Qwen3's thinking releases): every turn starts inside
+        its reasoning, so text before the turn's first ``</think>`` is reasoning, never an action."""
         self._check_template()
 
     # ---- rendering through the chat template ------------------------------------------------------
@@ -72,7 +85,7 @@ class ToolCallAgentLoop(SearchR1AgentLoop):
 
     def _check_template(self) -> None:
         plain = [{"role": "user", "content": _PROBE_USER}]
-        if self._render(plain, tools=[self.function.schema], generation_prompt=True) == self._render(
+        if self._render(plain, tools=self.schemas, generation_prompt=True) == self._render(
                 plain, generation_prompt=True):
             raise TemplateWithoutTools("agent.protocol toolcall: the tokenizer's chat template does not render tools "
                                        "(tools=[...]); use a model whose template supports function calling, or "
@@ -81,35 +94,68 @@ class ToolCallAgentLoop(SearchR1AgentLoop):
             raise TemplateWithoutTools("agent.protocol toolcall: the tokenizer's chat template drops tool messages")
 
     def _tool_turn_text(self, contents: list[str], *, ended: bool) -> str:
-        """The text the template puts after an assistant turn: the tool messages, then the next assistant
-        header. ``ended``: the model's turn already ends with the end token (the engine stopped on it)."""
-        probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ASSISTANT}]
-        full = self._render(probe + [{"role": "tool", "content": c} for c in contents], generation_prompt=True)
-        if not full.startswith(self._probe):
-            raise TemplateWithoutTools("agent.protocol toolcall: the chat template renders an assistant turn "
-                                       "differently when tool messages follow it; token-in/token-out needs a "
-                                       "template whose earlier turns do not change")
-        # What closes the probe assistant turn (e.g. "<|im_end|>\n") belongs to the observation, except the end
-        # token the model itself sampled.
-        closing = self._probe[self._probe.index(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT):]
+        """The text the template puts after a model turn: what closes it, the tool messages, the next assistant
+        header (and, for a template whose prompt opens reasoning, its ``<think>``). ``ended``: the model's turn
+        already ends with the end token (the engine stopped on it).
+
+        Token in, token out needs the conversation before the model's turn rendered the same with the turn and
+        its tool messages after it as it was when the model generated: the generation prompt must be a prefix of
+        the longer render, with the model's own text right after it. A template that rewrites the earlier text
+        (an assistant header or a reasoning block it injects only in one of the two) is refused."""
+        messages = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_TURN}]
+        full = self._render(messages + [{"role": "tool", "content": c} for c in contents], tools=self.schemas,
+                            generation_prompt=True)
+        written = _PROBE_TURN[len("<think>\n"):] if self.opens_thinking else _PROBE_TURN
+        if not full.startswith(self._prompt_probe + written):
+            raise TemplateWithoutTools("agent.protocol toolcall: the chat template renders the conversation before a "
+                                       "model turn differently once the turn and tool messages follow it; token-in/"
+                                       "token-out needs a template that leaves what the model continued from as it was")
+        closing = full[len(self._prompt_probe + written):]
+        # What closes the turn (e.g. "<|im_end|>\n") belongs to the observation, except the end token the model
+        # itself sampled.
         if ended and self._end and closing.startswith(self._end):
             closing = closing[len(self._end):]
-        return closing + full[len(self._probe):]
+        return closing
+
+    def _fit(self, contents: list[str], *, ended: bool) -> list[str]:
+        """``contents`` cut so the rendered observation stays within ``max_obs_tokens``: each tool message gets
+        an equal share of what the template's own tokens leave, shrunk further while the tokens at the seams of
+        the cut texts and the frame (``>\n`` and ``\n`` merging in a byte-level BPE) still overflow."""
+        limit = self.config.max_obs_tokens
+
+        def size(texts: list[str]) -> int:
+            return len(self._encode(self._tool_turn_text(texts, ended=ended)))
+
+        if size(contents) <= limit:
+            return contents
+        share = max(1, (limit - size([""] * len(contents))) // len(contents))
+        while True:
+            cut = [truncate_passage(c, share, self.tokenizer) for c in contents]
+            over = size(cut) - limit
+            if over <= 0 or share == 1:
+                return cut
+            share = max(1, share - -(-over // len(contents)))
 
     # ---- the turn --------------------------------------------------------------------------------
-    def _read_turn(self, rollout: _Rollout, turn: _Turn, search_allowed: bool) -> str | None:
-        parsed = parse_tool_calls(turn.text, self._tools)
-        visible = without_thinking(turn.text)
+    def read_turn(self, rollout: RolloutState, turn: ModelTurn, tools_allowed: bool) -> str | None:
+        text = self._as_written(turn.text)
+        parsed = parse_tool_calls(text, self._functions)
+        visible = without_thinking(text)
         if parsed.calls:
-            rollout.action = _ToolTurn("call", parsed, turn.text)
-            return None if search_allowed else "max_turns"
+            rollout.action = _ToolTurn("call", parsed, text)
+            return None if tools_allowed else "max_turns"
         answered = ANSWER_OPEN in visible and ANSWER_CLOSE in visible
-        rollout.action = _ToolTurn("answer" if answered else "none", parsed, turn.text)
+        rollout.action = _ToolTurn("answer" if answered else "none", parsed, text)
         if answered:
             return "answer"
         return "length" if turn.finish_reason == "length" else "eos"
 
-    async def _observe_step(self, rollout: _Rollout) -> None:
+    def _as_written(self, turn_text: str) -> str:
+        """The turn with the ``<think>`` its prompt opened (a template whose generation prompt opens reasoning),
+        so its reasoning is read as reasoning: a call written there is not run."""
+        return "<think>\n" + turn_text if self.opens_thinking else turn_text
+
+    async def observe_step(self, rollout: RolloutState) -> None:
         rollout.tool_turns += 1
         traj, action = rollout.traj, rollout.action
         contents = await asyncio.gather(*(self._answer_call(traj, call) for call in action.parsed.calls))
@@ -118,74 +164,44 @@ class ToolCallAgentLoop(SearchR1AgentLoop):
         rollout.messages.extend({"role": "tool", "content": c} for c in contents)
         ended = bool(traj.response_ids) and traj.response_ids[-1] == self._end_id
         ids = self._encode(self._tool_turn_text(self._fit(contents, ended=ended), ended=ended))
-        room = self.config.max_response_tokens - len(traj.response_ids)
-        self._append(traj, ids[:room], [0.0] * min(len(ids), room), kind="tool")
-
-    def _fit(self, contents: list[str], *, ended: bool) -> list[str]:
-        """``contents`` cut so the rendered observation stays within ``max_obs_tokens``: each tool message gets
-        an equal share of what the template's own tokens leave."""
-        if len(self._encode(self._tool_turn_text(contents, ended=ended))) <= self.config.max_obs_tokens:
-            return contents
-        frame = len(self._encode(self._tool_turn_text([""] * len(contents), ended=ended)))
-        share = max(1, (self.config.max_obs_tokens - frame) // len(contents))
-        return [truncate_passage(c, share, self.tokenizer) for c in contents]
+        self.append_observation(traj, ids, kind="tool")
 
     async def _answer_call(self, traj: Trajectory, call: ToolCall | CallError) -> str:
         """The tool message for one call: its results, or the reason it could not run."""
         if isinstance(call, CallError):
             return f"Error: {call.reason}"
-        try:
-            queries, topk = self.function.queries(call.arguments, self.config.topk)
-        except ArgumentError as exc:
+        result = await self.call_tool(traj, call.name, call.arguments)
+        if result.error == "arguments":  # the model's call was wrong, as a malformed one is
             traj.tool_call_errors += 1
-            return f"Error: {exc}"
-        started = time.perf_counter()
-        outcomes = await asyncio.gather(*(self.tool.search(q, topk) for q in queries))
-        traj.tool_time_s += time.perf_counter() - started
-        traj.num_searches += len(queries)
-        traj.queries.extend(queries)
-        traj.search_errors += sum(o.error is not None for o in outcomes)
-        blocks = [self._results_text(o) for o in outcomes]
-        if len(blocks) == 1:
-            return blocks[0]
-        return "\n\n".join(f"Results for {json.dumps(o.query, ensure_ascii=False)}:\n{b}"
-                           for o, b in zip(outcomes, blocks))
-
-    def _results_text(self, outcome) -> str:
-        """One query's passages, Search-R1's layout without the ``<information>`` wrapper (the template's
-        ``tool`` message is the wrapper); protocol tags taken out, so a page cannot answer for the model."""
-        if outcome.error is not None:
-            return failure_line(strip_protocol_tags(outcome.error))
-        if not outcome.hits:
-            return NO_RESULTS
-        return "\n".join(
-            f"Doc {n}(Title: {strip_protocol_tags(hit.title)}) "
-            f"{truncate_passage(strip_protocol_tags(hit.text).strip(), self.config.max_passage_tokens, self.tokenizer)}"
-            for n, hit in enumerate(outcome.hits, start=1))
+        return result.text
 
     # ---- start and finish -------------------------------------------------------------------------
-    def _start(self, record: QARecord) -> _Rollout:
+    def start(self, record: QARecord) -> RolloutState:
         if isinstance(record.prompt, str):
             raise ValueError(f"agent.protocol toolcall: prompt {record.uid} is text, so the chat template cannot "
                              "render the tool schema into it; prepare the data as chat messages (without --text-prompt)")
-        rollout = super()._start(record)
+        rollout = super().start(record)
         rollout.messages = list(record.prompt)
         return rollout
 
-    def _finish(self, rollout: _Rollout) -> Trajectory:
-        traj = super()._finish(rollout)
+    def graded_text(self, traj: Trajectory) -> str:
+        return graded_text(traj.spans)  # the answer is graded from <answer>, as in the Search-R1 protocol
+
+    def finish(self, rollout: RolloutState) -> Trajectory:
+        traj = super().finish(rollout)
         if self.config.apply_chat_template:
             traj.template_drift = self._rerendered(rollout) != traj.prompt_ids + traj.response_ids
         return traj
 
-    def _rerendered(self, rollout: _Rollout) -> list[int]:
+    def _rerendered(self, rollout: RolloutState) -> list[int]:
         """The conversation re-rendered from messages, as a text-level pipeline would train on it."""
         messages = list(rollout.messages)
         traj = rollout.traj
         tail = traj.response_ids[_last_tool_span_end(traj):]
         if tail:  # the last model turn, ended or cut
-            messages.append({"role": "assistant", "content": self.tokenizer.decode(tail, skip_special_tokens=True)})
-        text = self._render(messages, tools=[self.function.schema], generation_prompt=False)
+            last = self._as_written(self.tokenizer.decode(tail, skip_special_tokens=True))
+            messages.append({"role": "assistant", "content": last})
+        text = self._render(messages, tools=self.schemas, generation_prompt=False)
         if tail and tail[-1] != self._end_id and self._end and text.endswith(self._end + "\n"):
             text = text[:-len(self._end) - 1]  # a cut last turn has no end token
         elif text.endswith("\n") and tail and tail[-1] == self._end_id:
@@ -198,9 +214,14 @@ def _assistant_message(action: _ToolTurn) -> dict:
     calls = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
              for c in action.parsed.valid]
     text = action.text
-    cut = text.find("<tool_call>")
+    cut = first_call_outside_thinking(text)  # a call written inside the reasoning is the reasoning's text
     content = (text[:cut] if cut >= 0 else text).strip()
     return {"role": "assistant", "content": content, "tool_calls": calls}
+
+
+def _inside_thinking(text: str) -> bool:
+    """``text`` ends inside a ``<think>`` block it opened (no ``</think>`` after its last ``<think>``)."""
+    return text.rfind("<think>") > text.rfind("</think>")
 
 
 def _last_tool_span_end(traj: Trajectory) -> int:

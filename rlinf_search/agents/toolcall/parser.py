@@ -66,6 +66,15 @@ def without_thinking(text: str) -> str:
     return _THINK.sub(" ", text)
 
 
+def first_call_outside_thinking(text: str) -> int:
+    """Where the first ``<tool_call>`` outside every ``<think>`` block starts in ``text``; -1 if none does."""
+    thinking = [match.span() for match in _THINK.finditer(text)]
+    start = text.find(CALL_OPEN)
+    while start >= 0 and any(lo <= start < hi for lo, hi in thinking):
+        start = text.find(CALL_OPEN, start + 1)
+    return start
+
+
 def parse_tool_calls(turn_text: str, tools: dict[str, dict]) -> ParsedTurn:
     """The calls in ``turn_text`` outside ``<think>``; ``tools``: the offered functions by name, each its
     OpenAI ``function`` object (``name``, ``description``, ``parameters``), whose required arguments are

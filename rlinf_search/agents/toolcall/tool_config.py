@@ -3,7 +3,10 @@
 - verl's ``search_tool_config.yaml``: a ``tools:`` list whose entries hold ``class_name``, ``config``
   (``retrieval_service_url``, ``num_workers``, ``rate_limit``, ``timeout``, ``topk``, ``type``) and
   ``tool_schema``. The search entry's schema is offered to the model; its service keys set the search client.
-- rllm's tool JSON: one OpenAI tool object (or its ``function`` part), or a list of them; only a schema.
+  Every other entry is a tool the run must offer too (``ToolConfigFile.listed``): the config layer serves it
+  with the registered tool of that function name, or stops the run naming it.
+- rllm's tool JSON: one OpenAI tool object (or its ``function`` part), or a list of them; only schemas, read
+  the same way (one search function, the others listed).
 
 The file is read once at start-up; what it sets is logged, and an entry that cannot work here (an MCP tool,
 a URL that is not a ``/retrieve`` endpoint, no search function) stops the run in one line.
@@ -20,7 +23,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from rlinf_search.agents.toolcall.search_function import SchemaError, SearchFunction
+from rlinf_search.agents.tools.search_function import SchemaError, SearchFunction
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,18 @@ class ToolConfigFile:
     """The search function's schema, as the model will see it."""
     search_settings: dict[str, Any] = field(default_factory=dict)
     """``tools.search`` fields the file sets (``server_addr``, ``timeout_s``, ``topk``, ``max_concurrency``)."""
+    listed: tuple[ListedTool, ...] = ()
+    """The file's other tools, each to be offered beside search."""
+
+
+@dataclass(frozen=True)
+class ListedTool:
+    """A tool other than search that a tool config file lists."""
+
+    name: str
+    """Its function name (what the model calls)."""
+    source: str
+    """How the file names it: verl's ``class_name``, or the function name for an rllm schema."""
 
 
 def read_tool_config(path: str | Path) -> ToolConfigFile:
@@ -62,26 +77,42 @@ def read_tool_config(path: str | Path) -> ToolConfigFile:
     if isinstance(content, dict) and "tools" in content:
         return _from_verl(str(path), content["tools"])
     schemas = content if isinstance(content, list) else [content]
-    try:
-        functions = [SearchFunction.from_schema(s, source=str(path)) for s in schemas if isinstance(s, dict)]
-    except SchemaError as exc:
-        raise ToolConfigError(f"tools.search.tool_config: {exc}") from None
+    functions, listed = [], []
+    for schema in schemas:
+        if not isinstance(schema, dict):
+            continue
+        try:
+            functions.append(SearchFunction.from_schema(schema, source=str(path)))
+        except SchemaError:
+            name = _function_name(str(path), schema)
+            listed.append(ListedTool(name=name, source=name))
     if len(functions) != 1:
-        raise ToolConfigError(f"tools.search.tool_config: {file} must describe one search tool, found {len(functions)}")
-    return ToolConfigFile(path=str(path), function=functions[0])
+        raise ToolConfigError(f"tools.search.tool_config: {file} must describe one search tool (a schema taking "
+                              f"query_list or query), found {len(functions)}")
+    return ToolConfigFile(path=str(path), function=functions[0], listed=tuple(listed))
+
+
+def _function_name(path: str, schema: Any) -> str:
+    """The function name of a tool object or of its ``function`` part; ``ToolConfigError`` without one."""
+    function = schema.get("function", schema) if isinstance(schema, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ToolConfigError(f"tools.search.tool_config: {path}: a tool schema without function.name")
+    return name
 
 
 def _from_verl(path: str, entries: Any) -> ToolConfigFile:
     if not isinstance(entries, list) or not entries:
         raise ToolConfigError(f"tools.search.tool_config: {path}: tools must be a non-empty list")
-    found = []
+    found, listed = [], []
     for entry in entries:
         if not isinstance(entry, dict):
             raise ToolConfigError(f"tools.search.tool_config: {path}: each tools entry must be a mapping")
         try:
             found.append((entry, SearchFunction.from_schema(entry.get("tool_schema"), source=path)))
-        except SchemaError as exc:
-            log.info("tools.search.tool_config: %s: skipping %s (%s)", path, entry.get("class_name", "an entry"), exc)
+        except SchemaError:
+            name = _function_name(path, entry.get("tool_schema"))
+            listed.append(ListedTool(name=name, source=str(entry.get("class_name") or name)))
     if len(found) != 1:
         raise ToolConfigError(f"tools.search.tool_config: {path} must list one search tool (a schema taking query_list "
                               f"or query), found {len(found)}")
@@ -106,7 +137,7 @@ def _from_verl(path: str, entries: Any) -> ToolConfigFile:
     if entry.get("class_name"):
         log.info("tools.search.tool_config: %s: %s is served by this project's search client (tools.search.backend)",
                  path, entry["class_name"])
-    return ToolConfigFile(path=path, function=function, search_settings=settings)
+    return ToolConfigFile(path=path, function=function, search_settings=settings, listed=tuple(listed))
 
 
 def _server_addr(path: str, url: Any) -> str:

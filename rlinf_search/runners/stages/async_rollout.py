@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rlinf_search.agents.engine import derive_seed
 from rlinf_search.config.pipeline import PipelineSettings
 from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
@@ -43,7 +44,6 @@ from rlinf_search.runners.stages.update import WeightSyncStage
 from rlinf_search.runners.step_metrics import StepTimer
 from rlinf_search.scheduler import GroupCall, wait_all
 from rlinf_search.scheduler.channel import Channel
-from rlinf_search.workers.rollout.sampling import derive_seed
 
 
 @dataclass

@@ -12,6 +12,7 @@ from rlinf_search.registry import Registry
 from rlinf_search.tools.search.base import SearchHit, SearchOutcome, SearchTool
 from rlinf_search.tools.search.client import SearchClient
 from rlinf_search.tools.search.config import SearchToolConfig
+from rlinf_search.tools.search.empty import build_empty_backend
 from rlinf_search.tools.search.local import build_local_backend
 from rlinf_search.tools.search.observation import format_observation
 from rlinf_search.tools.search.serper import build_serper_backend
@@ -32,6 +33,7 @@ SEARCH_BACKENDS: Registry[BackendFactory] = Registry("search backend")
 SEARCH_BACKENDS.register("local", build_local_backend)
 SEARCH_BACKENDS.register("serper", build_serper_backend)
 SEARCH_BACKENDS.register("inprocess", _build_inprocess_backend)
+SEARCH_BACKENDS.register("empty", build_empty_backend)
 
 
 def build_search_tool(config: SearchToolConfig) -> SearchClient:

@@ -10,7 +10,7 @@ requests spread over every engine.
 
 from __future__ import annotations
 
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.router import RoutedEngine

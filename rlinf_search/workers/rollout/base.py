@@ -1,43 +1,14 @@
-"""The generation engine interface (token ids in, token ids out) and the registry of engines."""
+"""The registry of generation engines (the interface they implement is ``agents.engine.GenerationEngine``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable
 
-from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.agents.engine import GenerationEngine
 from rlinf_search.registry import Lazy, Registry
 
 if TYPE_CHECKING:
     from rlinf_search.workers.rollout.config import RolloutConfig
-
-
-class GenerationEngine(Protocol):
-    """What the agent loop and the trainer need from any rollout engine (hf, vllm, sglang)."""
-
-    weight_version: int
-    """Bumped by every ``update_weights`` (the engine's own count). The version trajectories record is the weight
-    sync's, stamped on each output by the rank's ``WeightGate`` (``weight_gate.py``), not this."""
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
-        """Continue ``prompt_ids``; return exactly the sampled ids and their log-probs (one version: the caller's
-        gate never swaps weights while a request runs)."""
-        ...
-
-    def update_weights(self, state_dict: dict) -> None:
-        """Load new policy weights (names as in the Hugging Face model)."""
-        ...
-
-    def offload(self) -> None:
-        """Free the device memory the engine holds (collocated training needs it)."""
-        ...
-
-    def onload(self) -> None:
-        """Bring the engine back after ``offload``."""
-        ...
-
-    async def aclose(self) -> None:
-        """Stop background work and release resources."""
-        ...
 
 
 EngineFactory = Callable[..., GenerationEngine]

@@ -12,35 +12,9 @@ no cross-rank bookkeeping on the hot path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 
+from rlinf_search.agents.engine import TRAJECTORY, RouteSession
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
-
-
-@dataclass
-class RouteSession:
-    """One trajectory's routing state: the engine its first turn went to."""
-
-    engine: int | None = None
-    """The engine serving this trajectory (set by the first request); None before it."""
-
-
-TRAJECTORY: ContextVar[RouteSession | None] = ContextVar("rlinf_search_trajectory", default=None)
-"""The trajectory whose turn is being generated: set by the agent loop around each rollout (an asyncio task
-of its own), read by ``RoutedEngine``. None: each request is routed on its own."""
-
-
-@contextmanager
-def routed_trajectory():
-    """The requests made inside are turns of one trajectory (a fresh ``RouteSession``); engines that are not
-    routed ignore it."""
-    token = TRAJECTORY.set(RouteSession())
-    try:
-        yield
-    finally:
-        TRAJECTORY.reset(token)
 
 
 class EngineRouter:

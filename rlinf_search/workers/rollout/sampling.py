@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from rlinf_search.data.io_struct import SamplingParams
@@ -24,13 +22,6 @@ def _mask_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     drop = (probs.cumsum(-1) - probs) >= top_p.unsqueeze(-1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from its parts (a call's seed, a trajectory's index, a turn); stable across
-    processes, unlike ``hash()`` of a string."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def _uniform(shape: torch.Size, generators: list[torch.Generator], *, device, dtype) -> torch.Tensor:

@@ -9,7 +9,8 @@ from dataclasses import asdict, replace
 import torch
 
 from rlinf_search.agents import build_agent_loop
-from rlinf_search.agents.searchr1.loop import AgentLoopConfig, GroupCallback
+from rlinf_search.agents.base import GroupCallback
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
 from rlinf_search.scheduler import Worker
 from rlinf_search.scheduler.channel import Channel
@@ -88,11 +89,14 @@ class RolloutWorker(Worker):
 
         async def run() -> list[Trajectory]:
             tool = self._search_tool()
+            loop = None
             try:
                 engine = self._loop_engine()
                 loop = build_agent_loop(engine, tool, engine.tokenizer, loop_config)
                 return await loop.run_batch(records, samples_per_prompt, seed=seed, on_group=on_group)
             finally:
+                if loop is not None:
+                    await loop.aclose()
                 await tool.aclose()
 
         return asyncio.run(run())

@@ -81,6 +81,11 @@ class SearchFunction:
         """The ``function`` object: what the parser checks required arguments against."""
         return self.schema["function"]
 
+    def arguments_for(self, query: str) -> dict:
+        """The arguments of a call for one query in this schema's shape (what a Search-R1 ``<search>`` tag asks)."""
+        properties = self.function.get("parameters", {}).get("properties", {})
+        return {"query_list": [query]} if "query_list" in properties else {"query": query}
+
     def queries(self, arguments: dict, default_topk: int) -> tuple[list[str], int]:
         """The queries a call asks for and the passages per query. Raises ``ArgumentError`` with a line the
         model reads when the arguments name no usable query."""

@@ -1,0 +1,74 @@
+"""``AgentLoopConfig``: the limits and options every agent loop reads (``agentloop``, the sampling and token
+budgets), whatever its protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinf_search.data.io_struct import SamplingParams
+from rlinf_search.data.prompt_tokens import PromptTokenizer
+from rlinf_search.tools.search.config import SearchToolConfig
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool beside ``search`` (``tools.<name>``), as the rollout ranks build it."""
+
+    name: str
+    """The function name the model calls (``access``, a user's)."""
+    factory: str
+    """A name in ``agents.tools.TOOLS`` or a dotted path to a tool class (``agents/tools/__init__.py``)."""
+    settings: dict = field(default_factory=dict)
+    """The tool's own settings, checked at start-up."""
+
+
+@dataclass(frozen=True)
+class AgentLoopConfig:
+    """Limits and options of an agent loop, whatever its protocol (``agentloop``, sampling and token budgets)."""
+
+    max_turns: int = 2
+    """Tool turns (searches and corrective observations) before the final generation without search."""
+    max_tokens_per_turn: int = 500
+    """Most tokens generated in one turn."""
+    max_obs_tokens: int = 500
+    """Most tokens in one observation; longer ones are cut, keeping the closing tag."""
+    max_passage_tokens: int = 150
+    """Each retrieved passage is cut to this many tokens before formatting."""
+    max_response_tokens: int = 2048
+    """Most tokens after the prompt (model and observation tokens together)."""
+    topk: int = SearchToolConfig.topk
+    """Passages per search."""
+    retokenize: bool = False
+    """Reproduce the reference implementations: decode each turn, cut at the stop tag and re-encode
+    it. The ids can then differ from the sampled ones and the engine's log-probs no longer apply."""
+    apply_chat_template: bool = True
+    """Chat-message prompts go through the tokenizer's chat template; false tokenizes their text as it
+    is (the messages' contents joined by blank lines). Text prompts are tokenized as they are either way."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling for every turn (``max_new_tokens`` and ``stop`` are set per turn by the loop)."""
+    max_concurrent_trajectories: int = 256
+    """Trajectories in flight at once in ``run_batch``."""
+    max_prompt_tokens: int | None = None
+    """``data.max_prompt_length``: longer prompts are refused or cut as ``truncation`` says; None: no limit."""
+    truncation: str = "error"
+    """``data.truncation``: ``error`` (refuse an overlong prompt, naming its uid), ``left`` (keep its end)
+    or ``right`` (keep its start)."""
+    protocol: str = "searchr1"
+    """``agent.protocol``: how the model acts, a name in ``rlinf_search.agents.AGENT_PROTOCOLS`` (``searchr1``:
+    the ``<search>``/``<answer>`` tags; ``toolcall``: function calling through the chat template) or a dotted
+    path to an agent-loop class."""
+    tool_schema: dict | None = None
+    """``toolcall``: the search tool's OpenAI schema (``tools.search.tool_config``); None: the built-in one."""
+    tools: tuple[ToolSpec, ...] = ()
+    """``toolcall``: the tools offered beside ``search`` (``tools.access``...)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens_per_turn", "max_obs_tokens", "max_passage_tokens", "max_response_tokens",
+                     "topk", "max_concurrent_trajectories"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"agent loop: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_turns < 0:
+            raise ValueError(f"agent loop: max_turns must be >= 0, got {self.max_turns}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"agent loop: max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        PromptTokenizer.check_truncation(self.truncation)

@@ -1,0 +1,45 @@
+"""What a tool is to an agent loop: a name, an OpenAI function schema, and an async call from arguments to the text
+the model reads. A tool never raises on what the model wrote: arguments it cannot use and services that fail come
+back as a ``ToolResult`` whose ``error`` names the kind (the loop counts them per tool) and whose ``text`` is the
+one-line reason the model reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class ToolResult:
+    """What one call returns to the agent loop."""
+
+    text: str
+    """What the model reads as the answer: results, or the one-line reason the call failed."""
+    error: str | None = None
+    """The kind of failure, one of the tool's ``error_kinds`` (``arguments``: the call itself was wrong;
+    ``backend``: the service failed); None when the call worked."""
+    searches: list[str] = field(default_factory=list)
+    """Queries run against the retriever (the Search-R1 metrics count them: ``num_searches``, ``queries``)."""
+    failed_searches: int = 0
+    """Of those, the ones whose backend failed."""
+    seconds: float = 0.0
+    """Wall time of the call."""
+
+
+class Tool(Protocol):
+    """What an agent loop needs from a tool."""
+
+    name: str
+    """The function name the model calls it by."""
+    schema: dict
+    """Its OpenAI tool object, ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
+    error_kinds: tuple[str, ...]
+    """The ``ToolResult.error`` values it can return."""
+
+    async def call(self, arguments: dict) -> ToolResult:
+        """Run one call; never raises for bad arguments or a failing service."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
