@@ -293,15 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     splits = [int(r) for r in args.rollout_devices.split(",") if r]
-    unknown = [m for m in modes if m not in MODES]
+    swept = tuple(m for m in args.sweep_modes.split(",") if m)
+    unknown = [m for m in modes if m not in MODES] + [m for m in swept if m not in SPLIT_MODES]
     if unknown or not splits or not all(0 < r < args.devices for r in splits):
-        parser.error(f"--modes from {', '.join(MODES)}; each of --rollout-devices between 1 and --devices - 1")
+        parser.error(f"--modes from {', '.join(MODES)}, --sweep-modes from {', '.join(SPLIT_MODES)}; each of "
+                     f"--rollout-devices between 1 and --devices - 1")
     model = service_model(args.set, parser)
     work = Path(args.out or tempfile.mkdtemp(prefix="bench_pipeline_"))
     work.mkdir(parents=True, exist_ok=True)
     paths = prepare(work, args.prompts)
     results, traces = {}, {}
-    swept = tuple(m for m in args.sweep_modes.split(",") if m)
     for mode, name, rollout_devices in runs(modes, splits, args.devices, swept):
         trace_dir = work / f"trace-{name}"
         trace_dir.mkdir(exist_ok=True)

@@ -102,6 +102,13 @@ class LockstepAgentLoop(SearchR1AgentLoop):
     _calls = 0
     """Rollout calls this process has made (the ranks make the same sequence of calls: one a step)."""
 
+    def __init__(self, engine, tools, tokenizer, config):
+        super().__init__(engine, tools, tokenizer, config)
+        # The turn's searches are answered by the barrier's one retrieval: passages as the simulated retriever's.
+        passage = " ".join(["the"] * read_settings().model.passage_words)
+        self.tools = as_tools(_Answered([SearchHit(title=f"doc {i}", text=passage) for i in range(config.topk)]),
+                              config, tokenizer)
+
     async def run_batch(self, records: list[QARecord], samples_per_prompt: int = 1, *, seed: int | None = None,
                         on_group=None) -> list[Trajectory]:
         if on_group is not None:
@@ -114,10 +121,6 @@ class LockstepAgentLoop(SearchR1AgentLoop):
             rollout = self.start(record)
             rollout.seed = None if seed is None else derive_seed(seed, index)
             rollouts.append(rollout)
-        # The turn's searches are answered by the barrier's one retrieval: passages as the simulated retriever's.
-        passage = " ".join(["the"] * read_settings().model.passage_words)
-        self.tools = as_tools(_Answered([SearchHit(title=f"doc {i}", text=passage) for i in range(self.config.topk)]),
-                              self.config, self.tokenizer)
         turn = 0
         while True:
             active = [r for r in rollouts if not r.done]
