@@ -375,3 +375,49 @@ def test_induction_sequences_repeat_passage_tokens_and_train_the_second_copy(syn
     assert (labels[0, :n] == -100).all() and labels[0, n: 2 * n].tolist() == rows[0].response_ids
     with pytest.raises(ValueError, match="observation tokens"):
         induction_sequences([rows[0]], 3)
+
+
+def test_every_generated_question_names_its_kind_of_fact(synth_records):
+    """The probes sort answer copy by kind of fact from the question text alone: every generated question
+    maps to one of the four kinds, the two-hop ones to the country, and nothing else does."""
+    from toolkits.synth_task import QUESTIONS, question_fact
+
+    facts = Counter(question_fact(r.question) for r in synth_records)
+    assert set(facts) == set(QUESTIONS), facts
+    assert all((question_fact(r.question) == "country") == (r.extra["hops"] == 2) for r in synth_records)
+    assert question_fact("Who founded Osmadel?") == "other"
+
+
+def test_answer_copy_by_fact_counts_only_retrieved_answers():
+    """Per kind: copied among questions whose gold answer was in the passages; a kind with none retrieved is
+    absent rather than zero."""
+    from toolkits.warmstart_probes import TrajectoryScores, answer_copy_by_fact
+
+    def score(copied: bool) -> TrajectoryScores:
+        return TrajectoryScores(answer_copied=copied, query_logprob=0.0, query_copied=True, search_chance=0.5)
+
+    scores = [score(True), score(False), score(True), score(True), score(False)]
+    found = [True, True, True, False, False]
+    facts = ["born_in", "born_in", "country", "employer", "country"]
+    assert answer_copy_by_fact(scores, found, facts) == {"born_in": 0.5, "country": 1.0}
+    with pytest.raises(ValueError):
+        answer_copy_by_fact(scores, found[:4], facts)
+
+
+def test_fact_weights_favour_the_kinds_not_yet_copied():
+    """Each kind's share of the draw is its floor plus what is not copied yet; a kind without a reading counts as
+    not copied; all copied is the uniform draw."""
+    from toolkits.sft_training import fact_weights
+    from toolkits.warmstart_probes import ProbeReading
+
+    facts = ("born_in", "born_in", "employer", "country", "country", "country")
+    reading = ProbeReading(query_copy=1.0, answer_copy=0.5, search_mean=0.5, search_greedy=0.5,
+                           answer_copy_by_fact={"born_in": 1.0, "employer": 0.0})
+    weights = fact_weights(facts, reading)
+    share = {fact: sum(w for w, f in zip(weights, facts) if f == fact) / sum(weights) for fact in set(facts)}
+    assert share == pytest.approx({"born_in": 0.1 / 2.3, "employer": 1.1 / 2.3, "country": 1.1 / 2.3})
+    everything = dataclasses.replace(reading, answer_copy_by_fact={"born_in": 1.0, "employer": 1.0, "country": 1.0})
+    counts = Counter(facts)
+    assert [w * counts[f] for w, f in zip(fact_weights(facts, everything), facts)] == pytest.approx([0.1] * 6)
+    with pytest.raises(ValueError, match="has 2 facts for 3 trajectories"):
+        train_sft(None, None, [SFTStage("skill", [None] * 3, 3, facts=("a", "b"))], SFTConfig())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +56,12 @@ class SFTStage:
     """Train on the model's turns. False with ``train_on_observations``: language modelling on the retrieved
     passages alone, the stand-in for a pretrained LM that has read the corpus but never seen the task
     (the distillation benchmark's student, which must not learn the skill from the warm start)."""
+    facts: tuple[str, ...] | None = None
+    """The kind of fact each trajectory's question asks for (``toolkits.synth_task.question_fact``, in the order of
+    ``trajectories``). Given, and with probes, each batch favours the kinds the last probe reading found least
+    copied (``fact_weights``): the kinds of fact are learned one after another, each in a sudden jump, and a
+    kind still at zero while the others are copied would otherwise get a quarter of the batches or less.
+    None: every trajectory equally likely."""
     trains_queries: bool = True
     """Train on every model turn. False: on the last one only, the answer written after the passages, with the
     queries masked: reading comprehension, which a pretrained LM brings to the task, without what to search
@@ -125,6 +132,16 @@ def sft_batch(trajectories: list[Trajectory], pad_id: int, *, train_on_observati
     return ids, attention, labels
 
 
+def fact_weights(facts: tuple[str, ...], reading: ProbeReading | None, *, floor: float = 0.1) -> list[float]:
+    """A draw weight per trajectory: each kind of fact gets ``floor`` plus the share of its validation answers not
+    yet copied (a kind the reading has no figure for counts as not copied at all), split evenly among its
+    trajectories. With every kind copied, the draw is uniform again."""
+    copied = reading.answer_copy_by_fact if reading is not None else {}
+    counts = Counter(facts)
+    need = {fact: floor + 1.0 - copied.get(fact, 0.0) for fact in counts}
+    return [need[fact] / counts[fact] for fact in facts]
+
+
 class GoalNotReached(RuntimeError):
     """A warm-start stage took its most steps and its goal still did not hold on the validation probes."""
 
@@ -181,6 +198,9 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
     for stage in stages:
         if stage.steps and not stage.trajectories:
             raise ValueError(f"warm-start stage {stage.name!r} has no trajectories")
+        if stage.facts is not None and len(stage.facts) != len(stage.trajectories):
+            raise ValueError(f"warm-start stage {stage.name!r} has {len(stage.facts)} facts for "
+                             f"{len(stage.trajectories)} trajectories")
         if stage.goal is not None and probes is None:
             raise ValueError(f"warm-start stage {stage.name!r} has a goal but no probes were given")
     rng = random.Random(config.seed)
@@ -190,6 +210,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     decision = decision_position(tokenizer, search_open)
     running = [stage for stage in stages if stage.steps > 0]
+    last_reading = None
     for stage in running:
         record = StageRecord(stage.name, 0, 0.0, [])
         started = time.monotonic()
@@ -202,7 +223,11 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
                 lr *= 1.0 - config.final_stage_decay * step / stage.steps
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
+            if stage.facts is not None and probes is not None:
+                weights = fact_weights(stage.facts, last_reading)
+                batch = rng.choices(stage.trajectories, weights, k=min(config.batch_size, len(stage.trajectories)))
+            else:
+                batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
             ids, attention, labels = sft_batch(batch, pad_id, train_on_observations=stage.train_on_observations,
                                                trains_model_turns=stage.trains_model_turns,
                                             trains_queries=stage.trains_queries,
@@ -218,7 +243,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
                 after_step(len(log.losses), log.losses[-1])
             bar.set_postfix(loss=f"{log.losses[-1]:.3f}")
             if probes is not None and (record.steps % stage.check_every == 0 or record.steps == stage.steps):
-                reading = probes.read(model)
+                reading = last_reading = probes.read(model)
                 record.readings.append((record.steps, reading))
                 met = stage.goal is not None and stage.goal.met(reading)
                 report(f"sft {stage.name} step {record.steps}: {reading}" + (" (goal met)" if met else ""))

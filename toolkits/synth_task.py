@@ -90,16 +90,30 @@ def corpus_rows(world: dict) -> list[dict]:
     return [{"id": str(i), **row} for i, row in enumerate(rows)]
 
 
+# The question of each kind of fact; "country" is the two-hop one (person -> birthplace -> its country).
+QUESTIONS = {"born_in": "Where was {name} born?", "profession": "What was the profession of {name}?",
+             "employer": "Which company did {name} work for?", "country": "In which country was {name} born?"}
+
+
+def question_fact(question: str) -> str:
+    """The kind of fact a generated question asks for (a key of ``QUESTIONS``), or "other" for any other
+    question. Read off the text, so it also sorts data written before the kinds were named."""
+    for fact, template in QUESTIONS.items():
+        opening, closing = template.split("{name}")
+        if question.startswith(opening) and question.endswith(closing):
+            return fact
+    return "other"
+
+
 def _questions_for(person: dict, world: dict, rng: random.Random, two_hop_share: float) -> dict:
     name = person["name"]
     if rng.random() < two_hop_share:
         country = world["city_country"][person["born_in"]]
-        return {"question": f"In which country was {name} born?", "golden_answers": [country],
+        return {"question": QUESTIONS["country"].format(name=name), "golden_answers": [country],
                 "metadata": {"hops": 2, "bridge": person["born_in"], "subject": name}}
     kind = rng.choice(["born_in", "profession", "employer"])
-    question = {"born_in": f"Where was {name} born?", "profession": f"What was the profession of {name}?",
-                "employer": f"Which company did {name} work for?"}[kind]
-    return {"question": question, "golden_answers": [person[kind]], "metadata": {"hops": 1, "subject": name}}
+    return {"question": QUESTIONS[kind].format(name=name), "golden_answers": [person[kind]],
+            "metadata": {"hops": 1, "subject": name}}
 
 
 def split_questions(world: dict, spec: SynthSpec) -> dict[str, list[dict]]:

@@ -17,11 +17,13 @@ A stage of the warm start trains until its goal over these readings holds (``Sta
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 
 import torch
 
 from rlinf_search.data.io_struct import QARecord, Trajectory
+from toolkits.synth_task import question_fact
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,15 @@ class ProbeReading:
     """Mean first-turn chance of searching (against answering at once)."""
     search_greedy: float
     """Share of questions where that chance is above one half: greedy decoding searches there."""
+    answer_copy_by_fact: dict[str, float] = field(default_factory=dict)
+    """Answer copy among the questions of each kind of fact (``toolkits.synth_task.QUESTIONS``): a stalled
+    answer copy is usually some kinds copied and others not."""
 
     def __str__(self) -> str:
-        return (f"query copy {self.query_copy:.2f}, answer copy {self.answer_copy:.2f}, "
-                f"P(search) mean {self.search_mean:.2f} ({self.search_greedy:.0%} above 1/2)")
+        facts = ", ".join(f"{fact} {share:.2f}" for fact, share in sorted(self.answer_copy_by_fact.items()))
+        return (f"query copy {self.query_copy:.2f}, answer copy {self.answer_copy:.2f}"
+                + (f" ({facts})" if facts else "")
+                + f", P(search) mean {self.search_mean:.2f} ({self.search_greedy:.0%} above 1/2)")
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,15 @@ def gold_in_passages(trajectory: Trajectory, record: QARecord, tokenizer) -> boo
     return any(gold in before for gold in record.golden_answers)
 
 
+def answer_copy_by_fact(scores: list[TrajectoryScores], found: list[bool], facts: list[str]) -> dict[str, float]:
+    """The share of answers copied among each kind of fact's questions whose gold answer was retrieved."""
+    by_fact = defaultdict(list)
+    for score, retrieved, fact in zip(scores, found, facts, strict=True):
+        if retrieved:
+            by_fact[fact].append(score.answer_copied)
+    return {fact: sum(copied) / len(copied) for fact, copied in by_fact.items()}
+
+
 class ProbeSet:
     """Scripted good searches on validation questions, collected once, read against any model that shares
     their tokenizer."""
@@ -133,6 +149,7 @@ class ProbeSet:
             raise ValueError("the warm-start probes need at least one validation question")
         self.trajectories, self.tokenizer, self.search_open = trajectories, tokenizer, search_open
         self.found = [gold_in_passages(t, r, tokenizer) for t, r in zip(trajectories, records)]
+        self.facts = [question_fact(r.question) for r in records]
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def read(self, model) -> ProbeReading:
@@ -147,7 +164,8 @@ class ProbeSet:
             query_copy=sum(s.query_copied for s in scores) / len(scores),
             answer_copy=sum(s.answer_copied for s in answerable) / max(1, len(answerable)),
             search_mean=sum(chances) / len(chances),
-            search_greedy=sum(c > 0.5 for c in chances) / len(chances))
+            search_greedy=sum(c > 0.5 for c in chances) / len(chances),
+            answer_copy_by_fact=answer_copy_by_fact(scores, self.found, self.facts))
 
 
 _COMPARE = {">=": operator.ge, "<=": operator.le}
