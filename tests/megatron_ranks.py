@@ -138,8 +138,14 @@ def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_di
 
     passes = len(plan_passes(batch, list(range(len(batch) // config.n_minibatches)), rank=trainer.rank,
                              world_size=trainer.world_size, max_tokens=config.max_tokens_per_mbs).passes)
+    from megatron.core import parallel_state
+
+    groups = {"tensor": parallel_state.get_tensor_model_parallel_group(),
+              "data": parallel_state.get_data_parallel_group()}
     result = {"rows": rows, "old": old, "metrics": metrics, "passes": passes,
-              "weights": trainer.rollout_state_dict() if rank == 0 else None}
+              "weights": trainer.rollout_state_dict() if rank == 0 else None,
+              "timeouts_s": {name: group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+                             for name, group in groups.items()}}
     Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     torch.distributed.barrier()
 

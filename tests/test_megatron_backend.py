@@ -261,11 +261,14 @@ def test_megatron_trainer_update_matches_the_one_process_trainer(untied_model_di
     batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
     expected = single.train_on_batch(batch)
     megatron_config = replace(config, training_backend="megatron",
-                              megatron=MegatronConfig(tensor_model_parallel_size=tensor_parallel))
+                              megatron=MegatronConfig(tensor_model_parallel_size=tensor_parallel,
+                                                      distributed_timeout_minutes=7))
     (tmp_path / "config.pkl").write_bytes(pickle.dumps(megatron_config))
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
     _spawn(train_one_step, 2, str(untied_model_dir), str(tmp_path))
     ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+    # actor.megatron.distributed_timeout_minutes reaches megatron-core's groups
+    assert all(r["timeouts_s"] == {"tensor": 420.0, "data": 420.0} for r in ranks), [r["timeouts_s"] for r in ranks]
     for result in ranks:
         rows = result["rows"]
         torch.testing.assert_close(result["old"], batch.old_logprobs[rows, : result["old"].shape[1]], atol=1e-5, rtol=0)

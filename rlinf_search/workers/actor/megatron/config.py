@@ -53,7 +53,8 @@ class MegatronConfig:
     recompute_num_layers: int | None = None
     """With ``full``: the layer count ``recompute_method`` uses."""
     distributed_timeout_minutes: int = 30
-    """Collective timeout of the actor's process group (checkpoint gathers of a large model are slow)."""
+    """Collective timeout of the actor's process group and of megatron-core's tensor/data-parallel groups
+    (checkpoint gathers of a large model are slow)."""
     converter: CheckpointConverterConfig | None = None
     """``actor.megatron.ckpt_convertor``."""
 

@@ -39,7 +39,8 @@ def init_model_parallel(config: MegatronConfig, *, seed: int) -> None:
         raise RuntimeError("init_model_parallel needs torch.distributed initialised first")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=config.tensor_model_parallel_size,
-                                                 pipeline_model_parallel_size=config.pipeline_model_parallel_size)
+                                                 pipeline_model_parallel_size=config.pipeline_model_parallel_size,
+                                                 distributed_timeout_minutes=config.distributed_timeout_minutes)
     if torch.cuda.is_available():
         # Dropout inside a tensor-parallel region draws from this tracked generator.
         tensor_parallel.model_parallel_cuda_manual_seed(seed)

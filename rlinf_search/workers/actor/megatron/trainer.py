@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -78,7 +79,7 @@ class MegatronPolicyTrainer(PolicyTrainer):
         if not dist.is_initialized():  # one rank: megatron-core still wants a process group
             store = dist.FileStore(tempfile.NamedTemporaryFile(delete=False).name, 1)
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=0,
-                                    world_size=1)
+                                    world_size=1, timeout=timedelta(seconds=self.megatron.process_group_timeout_s))
         init_model_parallel(self.megatron, seed=self.config.seed)
         gpt, hf_state = self._load_gpt(self.config.model_path)
         if dist.get_rank() == 0:  # the starting weights are the first ones the rollout gets
