@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 from collections import Counter
 
 import pytest
@@ -421,3 +422,27 @@ def test_fact_weights_favour_the_kinds_not_yet_copied():
     assert [w * counts[f] for w, f in zip(fact_weights(facts, everything), facts)] == pytest.approx([0.1] * 6)
     with pytest.raises(ValueError, match="has 2 facts for 3 trajectories"):
         train_sft(None, None, [SFTStage("skill", [None] * 3, 3, facts=("a", "b"))], SFTConfig())
+
+
+def test_the_facts_plot_reads_the_lines_the_warm_start_prints():
+    """examples/searchr1/warmstart_facts_plot.py parses the skill stage's report lines, as train_sft writes them
+    from a ProbeReading; lines of other stages are skipped."""
+    import importlib.util
+
+    from toolkits.warmstart_probes import ProbeReading
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "searchr1" / "warmstart_facts_plot.py"
+    spec = importlib.util.spec_from_file_location("warmstart_facts_plot", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readings = module.readings
+
+    def line(stage: str, step: int, query: float, facts: dict[str, float]) -> str:
+        reading = ProbeReading(query_copy=query, answer_copy=0.5, search_mean=0.2, search_greedy=0.0,
+                               answer_copy_by_fact=facts)
+        return f"sft {stage} step {step}: {reading}"
+
+    log = "\n".join([line("reading", 300, 0.0, {"born_in": 0.1}),
+                     line("skill", 50, 0.25, {"employer": 0.0, "born_in": 0.75}),
+                     line("skill", 100, 0.5, {"employer": 1.0, "born_in": 1.0}) + " (goal met)"])
+    assert readings(log) == ([50, 100], [0.25, 0.5], {"born_in": [0.75, 1.0], "employer": [0.0, 1.0]})

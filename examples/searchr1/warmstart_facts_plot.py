@@ -1,0 +1,71 @@
+"""Answer copy per kind of fact over a warm start's skill stage, one panel per run, from the warm starts' logs
+(the lines ``sft skill step N: ... answer copy A (born_in x, country y, ...)`` that ``toolkits.sft_warmstart``
+prints; a run that stopped at its cap saves no sft_losses.json, but its log has every reading).
+
+    python examples/searchr1/warmstart_facts_plot.py --out docs/img/warmstart_facts.png \\
+        "4 heads:run_a.log" "8 heads, by kind:run_b.log"
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+_READING = re.compile(r"sft skill step (\d+): query copy ([\d.]+), answer copy [\d.]+ \(([^)]*)\)")
+
+
+def readings(log: str) -> tuple[list[int], list[float], dict[str, list[float]]]:
+    """(steps, query copy, answer copy per kind) of every skill-stage reading in a warm start's log."""
+    steps, query, facts = [], [], {}
+    for match in _READING.finditer(log):
+        steps.append(int(match[1]))
+        query.append(float(match[2]))
+        for part in match[3].split(", "):
+            fact, share = part.rsplit(" ", 1)
+            facts.setdefault(fact, []).append(float(share))
+    return steps, query, facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="LABEL:LOG for each warm start")
+    parser.add_argument("--out", required=True, help="PNG to write")
+    args = parser.parse_args(argv)
+    panels = []
+    for run in args.runs:
+        label, _, path = run.rpartition(":")
+        try:
+            steps, query, facts = readings(Path(path).read_text(errors="replace"))
+        except OSError as exc:
+            print(f"warmstart_facts_plot: {exc}", file=sys.stderr)
+            return 1
+        if not steps:
+            print(f"warmstart_facts_plot: {path} has no skill-stage reading with answer copy per kind of fact",
+                  file=sys.stderr)
+            return 1
+        panels.append((label or path, steps, query, facts))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), sharey=True, squeeze=False)
+    for ax, (label, steps, query, facts) in zip(axes[0], panels):
+        for fact, shares in sorted(facts.items()):
+            ax.plot(steps, shares, marker=".", label=f"answer copy: {fact}")
+        ax.plot(steps, query, "k--", label="query copy")
+        ax.axhline(0.9, color="grey", lw=0.5)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("skill-stage step")
+    axes[0][0].set_ylabel("share of validation questions")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
