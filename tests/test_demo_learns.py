@@ -4,7 +4,7 @@ Heavy lane (``bash scripts/test.sh --heavy``): it builds the model, data and ind
 its probes pass), trains with GRPO through the worker groups on a local Ray cluster and evaluates before and after,
 scoring fewer held-out questions (200 instead of 300). Two cases: seed 2 with ``ATEN_CPU_CAPABILITY=avx2`` (the
 kernels of a CPU without AVX-512, which sum in another order), the case whose warm start once stopped at the skill
-stage's cap with two kinds of fact never copied (docs/results.md, "Every seed and kernel set"), and seed 1 with the
+stage's cap with the last kinds of fact not yet copied (docs/results.md, "Every seed and kernel set"), and seed 1 with the
 kernels PyTorch picks on this CPU (AVX-512 or AVX2: either way another summation order or another seed than the
 first case). It runs in ``.venv`` on ``requirements/cpu-lock.txt``: the releases ``bash scripts/demo.sh`` installs
 on a fresh machine.

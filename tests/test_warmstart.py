@@ -7,8 +7,8 @@ import json
 import random
 import subprocess
 import sys
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
 import pytest
 

@@ -59,7 +59,7 @@ class SFTStage:
     facts: tuple[str, ...] | None = None
     """The kind of fact each trajectory's question asks for (``toolkits.synth_task.question_fact``, in the order of
     ``trajectories``). Given, and with probes, each batch favours the kinds the last probe reading found least
-    copied (``fact_weights``): the kinds of fact are learned one after another, each in a sudden jump, and a
+    copied (``fact_weights``): the kinds of fact are learned one after another, mostly in sudden jumps, and a
     kind still at zero while the others are copied would otherwise get a quarter of the batches or less.
     None: every trajectory equally likely."""
     trains_queries: bool = True
@@ -215,6 +215,9 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
         record = StageRecord(stage.name, 0, 0.0, [])
         started = time.monotonic()
         final = stage is running[-1]
+        # The draw by kind changes only when the probes are read: weights made then, not every step.
+        weighted = stage.facts is not None and probes is not None
+        weights = fact_weights(stage.facts, last_reading) if weighted else None
         for step in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
             # Warm up, hold, and over the last stage fall linearly (that stage sets how often the model
             # searches; at full lr its last few batches' share of searches would set it).
@@ -223,8 +226,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
                 lr *= 1.0 - config.final_stage_decay * step / stage.steps
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            if stage.facts is not None and probes is not None:
-                weights = fact_weights(stage.facts, last_reading)
+            if weights is not None:
                 batch = rng.choices(stage.trajectories, weights, k=min(config.batch_size, len(stage.trajectories)))
             else:
                 batch = rng.sample(stage.trajectories, min(config.batch_size, len(stage.trajectories)))
@@ -245,6 +247,8 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
             if probes is not None and (record.steps % stage.check_every == 0 or record.steps == stage.steps):
                 reading = last_reading = probes.read(model)
                 record.readings.append((record.steps, reading))
+                if weighted:
+                    weights = fact_weights(stage.facts, reading)
                 met = stage.goal is not None and stage.goal.met(reading)
                 report(f"sft {stage.name} step {record.steps}: {reading}" + (" (goal met)" if met else ""))
                 if met:

@@ -42,9 +42,9 @@ class ActorWorker(Worker):
             if problem:
                 raise RuntimeError(problem)
         if self.world_size > 1:
-            # Megatron's checkpoint gathers of a large model can outlast torch's 10 minutes: its own timeout.
-            timeout_s = config.megatron.process_group_timeout_s if config.megatron is not None else 600.0
-            self.init_process_group(cpu_collectives=config.fsdp_cpu_offload, timeout_s=timeout_s)
+            # Megatron's checkpoint gathers of a large model can outlast the default timeout: it sets its own.
+            timeout = {"timeout_s": config.megatron.process_group_timeout_s} if config.megatron is not None else {}
+            self.init_process_group(cpu_collectives=config.fsdp_cpu_offload, **timeout)
         start = config
         if resume_from:  # weights come from the checkpoint; optimizer state is loaded below
             start = replace(config, model_path=str(Path(resume_from) / HF_SUBDIR))
