@@ -71,7 +71,7 @@ def test_scripted_tool_calls_run_through_the_real_loop_and_server(synth):
     for record, traj in zip(records, good):
         assert traj.search_errors == traj.tool_call_errors == 0 and not traj.template_drift
         assert traj.num_searches == (2 if record.extra.get("bridge") else 1)
-        assert traj.queries[0] == record.extra["subject"]
+        assert traj.queries[0] == f"who is {record.extra['subject']}"
         assert compute_score("em", traj.graded_text, record.golden_answers) == 1.0
         assert traj.response_ids[0] == call_id and traj.response_ids[-1] == tokenizer.eos_token_id
     mixed = asyncio.run(_collect_from_server(records, scripts, tokenizer, synth["server"], config, 0))
@@ -106,3 +106,17 @@ def test_toolcall_warm_start_and_eval_clis(synth, tmp_path):
                       "--protocol", "toolcall", "--out", str(tmp_path / "eval")]) == 0
     report = json.loads((tmp_path / "eval" / "eval_results.json").read_text())
     assert len(report["trajectories"]) == 3
+
+
+def test_a_scripted_call_spells_the_name_in_the_questions_tokens(synth):
+    """The name in a scripted call's JSON string is the very token sequence it is in the question (after a space),
+    so the warm start teaches a copy, not a second spelling of every name."""
+    tokenizer = AutoTokenizer.from_pretrained(synth["models"]["toolcall"])
+    style = TurnStyle.for_protocol("toolcall", tokenizer)
+    scripts = SyntheticScripts(synth["records"], BehaviourMix(), style)
+    for record in synth["records"][:24]:
+        name = tokenizer.encode(" " + record.extra["subject"], add_special_tokens=False)
+        question, call = (tokenizer.encode(text, add_special_tokens=False)
+                          for text in (record.question, scripts.good_search(record)[0]))
+        for ids in (question, call):
+            assert any(ids[i: i + len(name)] == name for i in range(len(ids))), (record.question, record.extra)

@@ -6,7 +6,8 @@ model turns of one trajectory; the agent loop and the real search tool fill in t
 
 Behaviours, drawn per trajectory:
 - ``search``: search the subject's name, (two-hop: then the city read from the first result) and
-  copy the answer out of the ``<information>`` block. The only behaviour that earns reward reliably.
+  copy the answer out of the ``<information>`` block; in ``toolcall`` the queries are ``who is <name>`` and
+  ``where is <city>`` (``TurnStyle.person_query`` says why). The only behaviour that earns reward reliably.
 - ``guess``: answer at once with a plausible answer of the right kind (another record's gold).
 - ``bad_query``: search something useless (the question's kind of answer, not the name), then guess.
 
@@ -34,13 +35,23 @@ class TurnStyle:
     """What a search turn opens with; the first token where it and ``<answer>`` part is the model's decision."""
     end: str = ""
     """Appended to every turn: the model's end token in ``toolcall``, where a turn ends at that token."""
+    person_query: str = "{}"
+    """A good search's first query, made from the subject's name."""
+    place_query: str = "{}"
+    """A two-hop question's second query, made from the city read in the first result."""
 
     @classmethod
     def for_protocol(cls, protocol: str, tokenizer) -> TurnStyle:
         if protocol == "searchr1":
             return cls("searchr1", "<search>")
         if protocol == "toolcall":
-            return cls("toolcall", "<tool_call>", tokenizer.eos_token)
+            # Inside a JSON string the name's first word has no space before it, and a byte-level BPE spells a word
+            # without its leading space with other tokens (" Zal" is one token, "Zal" two), so copying the name from
+            # the question would mean learning a second spelling of every name: query copy stalled near 0.7 for
+            # hundreds of steps (docs/results.md). A query that opens with a fixed word keeps the whole name after a
+            # space, in the question's own tokens; the retriever ranks the same passage first either way.
+            return cls("toolcall", "<tool_call>", tokenizer.eos_token, person_query="who is {}",
+                       place_query="where is {}")
         raise ValueError(f"scripted warm starts speak searchr1 or toolcall, not {protocol!r}")
 
     def search(self, query: str) -> str:
@@ -107,7 +118,7 @@ class SyntheticScripts:
         return [guess]
 
     def good_search(self, record: QARecord) -> list[str]:
-        turns = [self.style.search(record.extra["subject"])]
+        turns = [self.style.search(self.style.person_query.format(record.extra["subject"]))]
         if record.extra.get("bridge"):
-            turns.append(self.style.search(record.extra["bridge"]))
+            turns.append(self.style.search(self.style.place_query.format(record.extra["bridge"])))
         return [*turns, self.style.answer(record.golden_answers[0])]
