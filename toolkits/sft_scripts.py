@@ -6,8 +6,8 @@ model turns of one trajectory; the agent loop and the real search tool fill in t
 
 Behaviours, drawn per trajectory:
 - ``search``: search the subject's name, (two-hop: then the city read from the first result) and
-  copy the answer out of the ``<information>`` block; in ``toolcall`` the queries are ``who is <name>`` and
-  ``where is <city>`` (``TurnStyle.person_query`` says why). The only behaviour that earns reward reliably.
+  copy the answer out of the ``<information>`` block; in ``toolcall`` each query keeps a leading space inside its
+  JSON string (``TurnStyle.for_protocol`` says why). The only behaviour that earns reward reliably.
 - ``guess``: answer at once with a plausible answer of the right kind (another record's gold).
 - ``bad_query``: search something useless (the question's kind of answer, not the name), then guess.
 
@@ -45,13 +45,13 @@ class TurnStyle:
         if protocol == "searchr1":
             return cls("searchr1", "<search>")
         if protocol == "toolcall":
-            # Inside a JSON string the name's first word has no space before it, and a byte-level BPE spells a word
-            # without its leading space with other tokens (" Zal" is one token, "Zal" two), so copying the name from
-            # the question would mean learning a second spelling of every name: query copy stalled near 0.7 for
-            # hundreds of steps (docs/results.md). A query that opens with a fixed word keeps the whole name after a
-            # space, in the question's own tokens; the retriever ranks the same passage first either way.
-            return cls("toolcall", "<tool_call>", tokenizer.eos_token, person_query="who is {}",
-                       place_query="where is {}")
+            # Inside a JSON string a name has no space before it, and a byte-level BPE spells a word without its
+            # leading space with other tokens (" Zal" is one token, "Zal" two), so copying the name from the question
+            # would mean learning a second spelling of every name: query copy stalled near 0.7 for hundreds of steps
+            # (docs/results.md). The scripted query keeps the space ("query_list": [" Fein Fo"]), so the name is in
+            # the question's own tokens; the search tool strips it. A fixed first word instead ("who is Fein Fo") did
+            # worse: its tokens recur in the prompt ("... you need is missing"), where the copying heads latch on.
+            return cls("toolcall", "<tool_call>", tokenizer.eos_token, person_query=" {}", place_query=" {}")
         raise ValueError(f"scripted warm starts speak searchr1 or toolcall, not {protocol!r}")
 
     def search(self, query: str) -> str:
