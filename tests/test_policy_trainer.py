@@ -112,7 +112,7 @@ def test_attn_implementation_loads_the_policy_and_reference_with_that_kernel(tin
     actor = validate_cfg(cfg).actor
     assert actor.attn_implementation == "eager"
     eager = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), attn_implementation=actor.attn_implementation))
-    default = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir)))
+    default = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), pack_sequences=False))
     reference = eager.build_reference(str(tiny_model_dir))
     assert eager.model.config._attn_implementation == reference.lm.config._attn_implementation == "eager"
     assert default.model.config._attn_implementation == "sdpa"
@@ -165,8 +165,8 @@ def test_warmup_then_constant_or_cosine():
 
 
 def test_rows_are_packed_only_where_attention_has_a_packed_row_kernel(caplog):
-    """use_remove_padding packs rows for flash attention; sdpa and eager would attend over the whole packed
-    micro-batch (its length squared), so their rows stay padded, with one warning that says so."""
+    """use_remove_padding packs rows for sdpa_varlen, flash and flex attention; sdpa and eager would attend over the
+    whole packed micro-batch (its length squared), so their rows stay padded, with one warning that says so."""
     from types import SimpleNamespace
 
     from rlinf_search.workers.actor.token_scoring import packs_rows
@@ -175,6 +175,7 @@ def test_rows_are_packed_only_where_attention_has_a_packed_row_kernel(caplog):
         return SimpleNamespace(config=SimpleNamespace(_attn_implementation=implementation))
 
     assert packs_rows(model("flash_attention_2"), True) and not packs_rows(model("flash_attention_2"), False)
+    assert packs_rows(model("sdpa_varlen"), True) and packs_rows(model("flex_attention"), True)
     with caplog.at_level("WARNING"):
         assert not packs_rows(model("sdpa"), True)
     assert "sdpa attention has no kernel for packed rows" in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlinf_search.workers.actor.megatron.config import MegatronConfig
+from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.offload import OffloadConfig
 
 
@@ -104,8 +105,8 @@ class ActorConfig:
     pass over each turn's context. Old and reference log-probs are still scored on the whole trajectory."""
     attn_implementation: str | None = None
     """``actor.model.attn_implementation``: the HF attention kernel of the actor's models (policy, reference,
-    the InferenceGroup's copies): ``sdpa``, ``eager``, ``flash_attention_2``, ... (``hf_model.py``); None
-    keeps transformers' default (sdpa). A flash kernel is what lets ``pack_sequences`` pack rows."""
+    the InferenceGroup's copies): ``sdpa``, ``eager``, ``sdpa_varlen``, ``flash_attention_2``, ...
+    (``hf_model.py``); None: ``sdpa_varlen`` when ``pack_sequences``, else transformers' default (sdpa)."""
     logprob_chunk_tokens: int = 1024
     """``actor.model.logprob_chunk_size``: response tokens per LM-head chunk when computing log-probs."""
     fsdp_cpu_offload: bool = False
@@ -134,3 +135,12 @@ class ActorConfig:
     offload: OffloadConfig = OffloadConfig()
     """``actor.offload_weight`` / ``offload_grad`` / ``offload_optimizer``: what leaves the device
     after each update until the actor's next phase."""
+
+    @property
+    def model_attention(self) -> str | None:
+        """The kernel the actor's models load with: ``attn_implementation``; when that is None and rows are to be
+        packed, ``sdpa_varlen`` (``packed_attention.py``: packed rows without flash-attn), else transformers'
+        default."""
+        if self.attn_implementation is None and self.pack_sequences:
+            return PACKED_ATTENTION
+        return self.attn_implementation

@@ -105,7 +105,7 @@ class PolicyTrainer:
     def _build_model(self) -> torch.nn.Module:
         """The trainable policy in fp32 (the master weights), on ``self.device``."""
         return load_causal_lm(self.config.model_path, dtype=torch.float32,
-                              attn_implementation=self.config.attn_implementation).to(self.device)
+                              attn_implementation=self.config.model_attention).to(self.device)
 
     def _build_optimizer(self):
         """AdamW over the trainable parameters and its lr schedule (``LambdaLR`` of ``lr_lambda``)."""
@@ -259,7 +259,7 @@ class PolicyTrainer:
         """The frozen policy at ``model_path`` as a scorer in the compute precision (it never trains), placed
         like the policy (sharded under ``fsdp``)."""
         model = load_causal_lm(model_path, dtype=COMPUTE_DTYPES[self.config.dtype],
-                               attn_implementation=self.config.attn_implementation)
+                               attn_implementation=self.config.model_attention)
         scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.config.logprob_chunk_tokens)
         scorer.requires_grad_(False)
         if isinstance(self.parallel, FullySharded):
