@@ -10,7 +10,13 @@ import logging
 
 import torch
 
-from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, TOP_K_DIVERGENCES
+from rlinf_search.algorithms import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    MISMATCH_CORRECTIONS,
+    POLICY_LOSSES,
+    TOP_K_DIVERGENCES,
+)
 from rlinf_search.config.readers import (
     get,
     get_bool,
@@ -56,6 +62,7 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
     correction = get_registered(raw, "algorithm.mismatch_correction", PolicyLossConfig.mismatch_correction,
                                 MISMATCH_CORRECTIONS)
     return PolicyLossConfig(
+        policy_loss=get_registered(raw, "algorithm.policy_loss", PolicyLossConfig.policy_loss, POLICY_LOSSES),
         clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, loss_agg_func=loss_agg, kl_beta=kl_beta,
         kl_penalty_type=kl_type,
         entropy_bonus=get_float(raw, "algorithm.entropy_bonus", PolicyLossConfig.entropy_bonus),

@@ -45,6 +45,8 @@ class OptimConfig:
 class PolicyLossConfig:
     """The ``algorithm`` keys the policy update reads."""
 
+    policy_loss: str = "ppo"
+    """``algorithm.policy_loss``: the loss per model token (``POLICY_LOSSES``: a registered name or a dotted path)."""
     clip_ratio_low: float = 0.2
     """PPO clip below 1 (``ratio_clip_eps`` sets both sides when the asymmetric keys are absent)."""
     clip_ratio_high: float = 0.2
