@@ -89,6 +89,11 @@ def test_resolvers_and_deprecated_key(cfg, caplog):
      or c.inference.update({"load_from_actor": False}), "inference.load_from_actor: false would score"),
     (lambda c: c.algorithm.update({"logprob_forward_micro_batch_size": 0}),
      "algorithm.logprob_forward_micro_batch_size must be >= 1"),
+    (lambda c: c.actor.optim.update({"lr": -1}), "actor.optim.lr must be >= 0, got -1"),
+    (lambda c: c.actor.optim.update({"clip_grad": -1}), "actor.optim.clip_grad must be > 0, got -1"),
+    (lambda c: c.actor.optim.update({"adam_beta1": 1.0}), "actor.optim.adam_beta1 must be in [0, 1), got 1.0"),
+    (lambda c: c.actor.lr_sched.update({"min_lr": -1e-7}), "actor.lr_sched.min_lr must be >= 0"),
+    (lambda c: c.algorithm.update({"clip_ratio_high": -0.2}), "algorithm.clip_ratio_high must be >= 0, got -0.2"),
     (lambda c: c.actor.model.update({"attn_implementation": "flash_attn"}),
      "actor.model.attn_implementation: unknown 'flash_attn'; use one of eager, sdpa, sdpa_varlen, flash_attention_2"),
 ])

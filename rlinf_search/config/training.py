@@ -49,6 +49,9 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
     low = get_float(raw, "algorithm.clip_ratio_low",
                     PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
     high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
+    for key, value in (("ratio_clip_eps", symmetric), ("clip_ratio_low", low), ("clip_ratio_high", high)):
+        if value is not None and value < 0:
+            raise ConfigError(f"algorithm.{key} must be >= 0, got {value}")
     loss_agg = get_registered(raw, "algorithm.loss_agg_func", PolicyLossConfig.loss_agg_func, LOSS_AGGREGATIONS)
     kl_type = get_registered(raw, "algorithm.kl_penalty_type", PolicyLossConfig.kl_penalty_type, KL_ESTIMATORS)
     kl_beta = get_float(raw, "algorithm.kl_beta", PolicyLossConfig.kl_beta)
@@ -78,6 +81,11 @@ def _optim(optim: dict, lr_sched: dict, *, section: str, total_steps: int, lr: f
     try:
         return OptimConfig(total_steps=total_steps, **settings)
     except (TypeError, ValueError) as exc:
+        # OptimConfig's messages start with the field; name the key it came from.
+        field_name = str(exc).split(" ", 1)[0]
+        where = "lr_sched" if field_name in lr_sched or field_name.startswith(("lr_", "min_lr")) else "optim"
+        if field_name in optim or field_name in lr_sched or field_name == "lr":
+            raise ConfigError(f"{section}.{where}.{exc}") from None
         raise ConfigError(f"{section}.optim / {section}.lr_sched: {exc}") from None
 
 

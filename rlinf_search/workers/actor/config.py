@@ -39,6 +39,15 @@ class OptimConfig:
             raise ValueError(f"lr_decay_style must be constant or cosine, got {self.lr_decay_style!r}")
         if not 0.0 <= self.lr_warmup_fraction <= 1.0:
             raise ValueError(f"lr_warmup_fraction must be in [0, 1], got {self.lr_warmup_fraction}")
+        for name in ("adam_eps", "clip_grad"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("lr", "weight_decay", "min_lr"):  # lr 0 freezes the model (a baseline, a test)
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
