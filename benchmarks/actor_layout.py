@@ -2,14 +2,15 @@
 
     python benchmarks/actor_layout.py [--rows 32] [--repeats 5] [--hidden 192 --layers 3 --vocab 2048]
 
-A random Qwen2 model of the demo's shape (sdpa attention, as on every CPU) scores one micro-batch of Search-R1
+A random Qwen2 model of the demo's shape scores one micro-batch of Search-R1
 shaped rows: a prompt, then model turns and observations (search results), of uneven lengths. Each layout runs
 ``--repeats`` times, forward only (the old and reference log-prob passes) and forward + backward (training),
 through ``TokenScorer``, the module the actor trains. The table gives the median seconds and each layout's time
 as a ratio of the first row's, measured side by side in this one run.
 
-- packed: the rows end to end in one sequence; without flash attention transformers gives sdpa a dense
-  block-diagonal mask over the whole sequence, so attention costs its length squared;
+- packed: the rows end to end in one sequence; with sdpa, transformers gives it a dense block-diagonal mask over
+  the whole sequence, so attention costs its length squared; with ``sdpa_varlen`` (this package's kernel, what
+  ``use_remove_padding`` loads) each row attends to itself, at its own length squared;
 - padded: one row per sequence, padded to the longest;
 - "model tokens": only positions that predict a model token go through the LM head (what the actor now does);
   "all tokens": every response token, observations included (what it did before).
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.io_struct import Trajectory
+from rlinf_search.workers.actor import packed_attention
 from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch
 
 
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=args.hidden * 8 // 3,
                          tie_word_embeddings=True)
+    packed_attention.register()
     model = Qwen2ForCausalLM(config)
     scorer = TokenScorer(model)
     batch = collate_trajectories(search_rows(args.rows, args.vocab), [0.0] * args.rows, pad_id=0)
@@ -84,13 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     response_tokens = int(batch.attention_mask[:, batch.prompt_length:].sum())
     print(f"{args.rows} rows, {int(batch.attention_mask.sum())} tokens ({response_tokens} response, {model_tokens} "
           f"model), hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
-          f"{model.config._attn_implementation} attention, torch kernels {torch.backends.cpu.get_cpu_capability()}, "
+          f"torch kernels {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads; median of {args.repeats}")
-    cases = [("packed, all tokens (before)", True, False), ("padded, all tokens", False, False),
-             ("padded, model tokens (now)", False, True), ("packed, model tokens", True, True)]
-    print(f"{'layout':30s} {'forward s':>10s} {'ratio':>7s} {'fwd+bwd s':>10s} {'ratio':>7s}")
+    varlen = packed_attention.PACKED_ATTENTION
+    cases = [("packed, all tokens, sdpa", "sdpa", True, False), ("padded, all tokens, sdpa", "sdpa", False, False),
+             ("padded, model tokens, sdpa", "sdpa", False, True), ("packed, model tokens, sdpa", "sdpa", True, True),
+             (f"packed, model tokens, {varlen}", varlen, True, True)]
+    print(f"{'layout':36s} {'forward s':>10s} {'ratio':>7s} {'fwd+bwd s':>10s} {'ratio':>7s}")
     base = None
-    for name, packed, model_only in cases:
+    for name, kernel, packed, model_only in cases:
+        model.set_attn_implementation(kernel)
         layout = layout_batch(batch, packed=packed, model_tokens_only=model_only)
 
         def forward():
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
         times = (timed(forward, args.repeats), timed(train, args.repeats))
         base = base or times
-        print(f"{name:30s} {times[0]:10.3f} {times[0] / base[0]:6.2f}x {times[1]:10.3f} {times[1] / base[1]:6.2f}x")
+        print(f"{name:36s} {times[0]:10.3f} {times[0] / base[0]:6.2f}x {times[1]:10.3f} {times[1] / base[1]:6.2f}x")
     return 0
 
 

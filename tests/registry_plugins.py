@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_search.algorithms import AdvantageOutput
+from rlinf_search.algorithms import AdvantageOutput, advantage_traits
 from rlinf_search.rewards import compute_score
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
 
@@ -21,6 +21,16 @@ def always_plus_one(inputs) -> AdvantageOutput:
     """An advantage estimator: +1 on every model token."""
     advantages = inputs.response_mask.float()
     return AdvantageOutput(advantages=advantages, returns=advantages)
+
+
+@advantage_traits(group_local=True, needs_group=True)
+def reward_minus_group_mean(inputs) -> AdvantageOutput:
+    """An estimator that declares its traits: each trajectory's reward minus its group's mean (group-local)."""
+    from rlinf_search.algorithms.advantages import _broadcast, group_stats
+
+    scores = inputs.sequence_rewards()
+    mean, _, _ = group_stats(scores, inputs.require_uids())
+    return _broadcast(scores - mean, inputs)
 
 
 def em_plus_quarter(solution_str, golden_answers, **kwargs) -> float:
@@ -122,3 +132,14 @@ def tool_calling_engine(config, *, device=None, seed=0):
     from transformers import AutoTokenizer
 
     return ToolCallingEngine(AutoTokenizer.from_pretrained(config.model_path))
+
+
+def reinforce_loss(logprob, old_logprob, advantages, *, response_mask, **clip):
+    """A policy loss: plain REINFORCE, -A log p per model token (no ratio, so no clipping to report)."""
+    from rlinf_search.algorithms import PolicyLossOutput
+    from rlinf_search.algorithms.aggregation import zero_outside
+
+    zero = logprob.new_zeros(())
+    return PolicyLossOutput(token_losses=zero_outside(-advantages.detach() * logprob, response_mask.bool()),
+                            clip_fraction=zero, dual_clip_fraction=zero, approx_kl=zero, ratio_mean=zero + 1,
+                            ratio_max=zero + 1)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from rlinf_search.config import ConfigError, validate_cfg
@@ -86,8 +89,13 @@ def test_resolvers_and_deprecated_key(cfg, caplog):
      or c.inference.update({"load_from_actor": False}), "inference.load_from_actor: false would score"),
     (lambda c: c.algorithm.update({"logprob_forward_micro_batch_size": 0}),
      "algorithm.logprob_forward_micro_batch_size must be >= 1"),
+    (lambda c: c.actor.optim.update({"lr": -1}), "actor.optim.lr must be >= 0, got -1"),
+    (lambda c: c.actor.optim.update({"clip_grad": -1}), "actor.optim.clip_grad must be > 0, got -1"),
+    (lambda c: c.actor.optim.update({"adam_beta1": 1.0}), "actor.optim.adam_beta1 must be in [0, 1), got 1.0"),
+    (lambda c: c.actor.lr_sched.update({"min_lr": -1e-7}), "actor.lr_sched.min_lr must be >= 0"),
+    (lambda c: c.algorithm.update({"clip_ratio_high": -0.2}), "algorithm.clip_ratio_high must be >= 0, got -0.2"),
     (lambda c: c.actor.model.update({"attn_implementation": "flash_attn"}),
-     "actor.model.attn_implementation: unknown 'flash_attn'; use one of eager, sdpa, flash_attention_2"),
+     "actor.model.attn_implementation: unknown 'flash_attn'; use one of eager, sdpa, sdpa_varlen, flash_attention_2"),
 ])
 def test_broken_rules_name_the_key(cfg, change, message):
     change(cfg)
@@ -315,3 +323,28 @@ def test_new_start_up_checks_name_the_key(cfg, change, message):
         validate_cfg(cfg)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("settings, kernel, said", [
+    ({"use_remove_padding": True}, "sdpa_varlen", None),
+    ({"use_remove_padding": True, "attn_implementation": "sdpa"}, "sdpa",
+     "actor.model.use_remove_padding: no effect with attn_implementation sdpa"),
+    pytest.param({"use_remove_padding": False, "attn_implementation": "flash_attention_2"}, "flash_attention_2",
+                 "flash_attention_2 needs the flash_attn package, which this machine lacks",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash_attn here")),
+    pytest.param({"use_remove_padding": True, "attn_implementation": "flex_attention"}, "flex_attention",
+                 "flex_attention has no backward pass on CPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here")),
+])
+def test_packing_settings_that_cannot_take_effect_say_so_at_start_up(cfg, caplog, settings, kernel, said):
+    """use_remove_padding packs through sdpa_varlen when no kernel is named; a kernel that cannot pack, or cannot
+    load or train on this machine (no flash_attn, no GPU here), is named in one line before any worker starts."""
+    cfg.actor.model.update(settings)
+    with caplog.at_level("WARNING"):
+        actor = validate_cfg(cfg).actor
+    assert actor.model_attention == kernel and actor.pack_sequences == settings["use_remove_padding"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlinf_search.config.training"]
+    if said is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and said in lines[0], lines

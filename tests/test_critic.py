@@ -217,7 +217,7 @@ def test_critic_config_defaults(cfg):
     (lambda c: c.critic.update({"warmup_steps": 30}), "critic.warmup_steps must be in [0, 30) (the run's steps)"),
     (lambda c: c.critic.update({"optim": {"lrr": 1.0}}), "critic.optim.lrr: unknown key"),
     (lambda c: c.critic.update({"lr_sched": {"lr_decay_style": "linear"}}),
-     "critic.optim / critic.lr_sched: lr_decay_style must be constant or cosine"),
+     "critic.lr_sched.lr_decay_style must be constant or cosine"),
     (lambda c: c.critic.update({"model": {"precision": "fp8"}}), "critic.model.precision: precision must be one of"),
 ])
 def test_broken_critic_rules_name_the_key(cfg, change, message):

@@ -38,24 +38,30 @@ def test_fsdp2_bf16_update_on_cuda(tiny_model_dir):
     assert moved / changed > 0.9, "bf16 compute over fp32 master weights moves the weights at lr 1e-6"
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "flash_attention_2"])
+@pytest.mark.parametrize("kernel", ["sdpa_varlen", "flex_attention", "flash_attention_2"])
 def test_packed_rows_match_padded_rows_on_cuda(tiny_model_dir, kernel):
+    """Packed rows through each packed-row kernel against padded rows through sdpa, in bf16: log-probs and
+    gradients. ``sdpa_varlen`` must run torch's varlen kernel here, not its per-row CPU loop."""
     if kernel == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         pytest.skip("flash-attn is not installed")
-    from transformers import AutoModelForCausalLM
+    from rlinf_search.workers.actor import packed_attention
+    from rlinf_search.workers.actor.hf_model import load_causal_lm
 
+    if kernel == "sdpa_varlen":
+        assert packed_attention._varlen_call() is not None, "torch has no usable varlen attention"
     batch = _uneven_batch(AutoTokenizer.from_pretrained(tiny_model_dir))
-    dtype = torch.bfloat16 if kernel == "flash_attention_2" else torch.float32  # flash-attn has no fp32
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype, attn_implementation=kernel).cuda()
-    scorer = TokenScorer(model)
     results = {}
-    with torch.no_grad():
-        for packed in (True, False):
-            layout = to_device(layout_batch(batch, packed=packed), torch.device("cuda"))
-            flat = scorer(layout).logprobs
-            results[packed] = layout.to_rows(flat).float().cpu()
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    torch.testing.assert_close(results[True], results[False], atol=tolerance, rtol=0)
+    for name, packed in ((kernel, True), ("sdpa", False)):
+        model = load_causal_lm(str(tiny_model_dir), dtype=torch.bfloat16, attn_implementation=name).cuda()
+        layout = to_device(layout_batch(batch, packed=packed), torch.device("cuda"))
+        flat = TokenScorer(model)(layout).logprobs
+        flat.float().sum().backward()
+        results[packed] = (layout.to_rows(flat).detach().float().cpu(),
+                           {n: p.grad.float().cpu() for n, p in model.named_parameters()})
+    torch.testing.assert_close(results[True][0], results[False][0], atol=2e-2, rtol=0)
+    for name, grad in results[True][1].items():
+        scale = float(results[False][1][name].abs().max()) + 1e-12
+        torch.testing.assert_close(grad / scale, results[False][1][name] / scale, atol=3e-2, rtol=0, msg=name)
 
 
 def test_peak_memory_within_ten_percent_of_the_plan(tmp_path):

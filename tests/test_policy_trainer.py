@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 from transformers import AutoTokenizer
 
@@ -112,7 +115,7 @@ def test_attn_implementation_loads_the_policy_and_reference_with_that_kernel(tin
     actor = validate_cfg(cfg).actor
     assert actor.attn_implementation == "eager"
     eager = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), attn_implementation=actor.attn_implementation))
-    default = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir)))
+    default = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), pack_sequences=False))
     reference = eager.build_reference(str(tiny_model_dir))
     assert eager.model.config._attn_implementation == reference.lm.config._attn_implementation == "eager"
     assert default.model.config._attn_implementation == "sdpa"
@@ -165,8 +168,8 @@ def test_warmup_then_constant_or_cosine():
 
 
 def test_rows_are_packed_only_where_attention_has_a_packed_row_kernel(caplog):
-    """use_remove_padding packs rows for flash attention; sdpa and eager would attend over the whole packed
-    micro-batch (its length squared), so their rows stay padded, with one warning that says so."""
+    """use_remove_padding packs rows for sdpa_varlen, flash and flex attention; sdpa and eager would attend over the
+    whole packed micro-batch (its length squared), so their rows stay padded, with one warning that says so."""
     from types import SimpleNamespace
 
     from rlinf_search.workers.actor.token_scoring import packs_rows
@@ -175,7 +178,38 @@ def test_rows_are_packed_only_where_attention_has_a_packed_row_kernel(caplog):
         return SimpleNamespace(config=SimpleNamespace(_attn_implementation=implementation))
 
     assert packs_rows(model("flash_attention_2"), True) and not packs_rows(model("flash_attention_2"), False)
+    assert packs_rows(model("sdpa_varlen"), True) and packs_rows(model("flex_attention"), True)
     with caplog.at_level("WARNING"):
         assert not packs_rows(model("sdpa"), True)
     assert "sdpa attention has no kernel for packed rows" in caplog.text
     assert not packs_rows(model("eager"), False)
+
+
+def test_a_policy_loss_by_dotted_path_trains_the_actor(tiny_model_dir):
+    """``algorithm.policy_loss`` from the config to the update: a user's REINFORCE loss, named by dotted path. On the
+    first update the policy is the one that scored the old log-probs (ratio 1, nothing clipped), where PPO's gradient
+    is REINFORCE's: the two trainers' gradients agree."""
+    from omegaconf import OmegaConf
+
+    from rlinf_search.config import ConfigError, validate_cfg
+    from tests.conftest import HOTPOT_DIR
+
+    cfg = OmegaConf.load("examples/searchr1/config/tiny-cpu.yaml")
+    cfg.data.train_data_paths, cfg.data.val_data_paths = [str(HOTPOT_DIR / "test.jsonl")], []
+    cfg.algorithm.policy_loss = "tests.registry_plugins.reinforce_loss"
+    loss = validate_cfg(cfg).actor.loss
+    assert loss.policy_loss == "tests.registry_plugins.reinforce_loss"
+    cfg.algorithm.policy_loss = "tests.registry_plugins.no_such_loss"
+    with pytest.raises(ConfigError, match="^algorithm.policy_loss: cannot import policy loss"):
+        validate_cfg(cfg)
+    optim = OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=1e9)
+    loss = dataclasses.replace(loss, kl_beta=0.0)  # no reference model in this test
+    reinforce = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), optim=optim, loss=loss))
+    ppo = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), optim=optim,
+                                    loss=dataclasses.replace(loss, policy_loss="ppo")))
+    batch = _prepared_batch(ppo, AutoTokenizer.from_pretrained(tiny_model_dir))
+    metrics = reinforce.train_on_batch(batch)
+    ppo.train_on_batch(batch)
+    assert metrics["actor/clip_fraction"] == 0 and metrics["actor/ratio_mean"] == 1
+    for (name, a), b in zip(reinforce.model.named_parameters(), ppo.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4, msg=f"{name} gradient differs")

@@ -10,7 +10,13 @@ from __future__ import annotations
 import pytest
 
 from rlinf_search.agents import AGENT_PROTOCOLS
-from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS
+from rlinf_search.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    MISMATCH_CORRECTIONS,
+    POLICY_LOSSES,
+)
 from rlinf_search.config import ConfigError
 from rlinf_search.data.prompts import TEMPLATES, TemplateError
 from rlinf_search.data.readers import READERS, PrepareError
@@ -31,6 +37,7 @@ CASES = {
     "kl": (KL_ESTIMATORS, registry_plugins.constant_kl, "constant_kl", ValueError),
     "loss_aggregation": (LOSS_AGGREGATIONS, registry_plugins.no_aggregation, "no_aggregation", ValueError),
     "mismatch": (MISMATCH_CORRECTIONS, registry_plugins.unit_weights, "unit_weights", ValueError),
+    "policy_loss": (POLICY_LOSSES, registry_plugins.reinforce_loss, "reinforce_loss", ValueError),
     "reward": (REWARDS, registry_plugins.em_plus_quarter, "em_plus_quarter", ValueError),
     "reader": (READERS, registry_plugins.read_lines, "read_lines", PrepareError),
     "rollout_engine": (ROLLOUT_ENGINES, registry_plugins.build_nothing, "build_nothing", ValueError),

@@ -63,6 +63,8 @@ def test_every_group_is_trained_once_as_it_arrives(tmp_path, synth, server, tiny
 @pytest.mark.parametrize("changes, message", [
     ({"algorithm.recompute_logprobs": True}, "old log-probs that stay put"),
     ({"algorithm.adv_type": "reinforce_plus_plus"}, "group-local estimator"),
+    ({"algorithm.adv_type": "tests.registry_plugins.always_plus_one"}, r"group-local estimator \(grpo, grpo_no_std, "
+                                                                      r"rloo, or yours declared"),
     ({"algorithm.ppo_epochs": 2}, "ppo_epochs must be 1"),
     ({"algorithm.n_minibatches": 2}, "must divide into algorithm.n_minibatches"),
     ({"runner.pipeline": "overlap"}, "placement mode disaggregated"),
@@ -74,6 +76,18 @@ def test_a_pipeline_the_run_cannot_have_is_refused_at_start_up(tmp_path, synth, 
     with pytest.raises(ConfigError, match=message) as caught:
         validate_cfg(cfg)
     assert "\n" not in str(caught.value)
+
+
+def test_a_users_estimator_declares_its_traits_where_it_lives(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
+    """A dotted-path estimator's ``@advantage_traits`` are read at start-up: group-local, it may stream; needing
+    groups, a group of one is refused (the built-ins' traits are registered with them the same way)."""
+    estimator = "tests.registry_plugins.reward_minus_group_mean"
+    run = validate_cfg(_stream_config(tmp_path, synth, server, tiny_model_dir, **{"algorithm.adv_type": estimator}))
+    assert run.runner.pipeline.name == "stream" and run.adv_type == estimator
+    with pytest.raises(ConfigError, match=f"algorithm.group_size must be >= 2 for {estimator}"):
+        validate_cfg(_stream_config(tmp_path, synth, server, tiny_model_dir,
+                                    **{"algorithm.adv_type": estimator, "algorithm.group_size": 1,
+                                       "algorithm.n_minibatches": 1}))
 
 
 def test_the_agent_loop_group_size_is_read_and_a_negative_one_refused(tmp_path, synth, server, tiny_model_dir):  # noqa: F811

@@ -10,8 +10,12 @@ from rlinf_search.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
     AdvantageOutput,
+    AdvantageTraits,
+    advantage_traits,
     compute_advantages,
+    estimators_with,
     register_advantage,
+    traits_of,
 )
 from rlinf_search.algorithms.aggregation import (
     LOSS_AGGREGATIONS,
@@ -28,12 +32,14 @@ from rlinf_search.algorithms.importance import (
 )
 from rlinf_search.algorithms.kl import KL_ESTIMATORS, apply_kl_to_token_rewards, kl_penalty, register_kl
 from rlinf_search.algorithms.losses import (
+    POLICY_LOSSES,
     PolicyLossOutput,
     ValueLossOutput,
     clipped_value_loss,
     entropy_bonus_loss,
     entropy_from_logits,
     ppo_policy_loss,
+    register_policy_loss,
     TOP_K_DIVERGENCES,
     top_k_kl,
 )
@@ -43,8 +49,13 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "MISMATCH_CORRECTIONS",
+    "POLICY_LOSSES",
     "AdvantageInputs",
     "AdvantageOutput",
+    "AdvantageTraits",
+    "advantage_traits",
+    "estimators_with",
+    "traits_of",
     "ImportanceWeights",
     "PolicyLossOutput",
     "ValueLossOutput",
@@ -64,5 +75,6 @@ __all__ = [
     "top_k_kl",
     "register_advantage",
     "register_kl",
+    "register_policy_loss",
     "truncated_is_weights",
 ]

@@ -1,7 +1,9 @@
 """Advantage estimators, registered by the name ``algorithm.adv_type`` uses.
 
 An estimator is ``fn(inputs: AdvantageInputs) -> AdvantageOutput``. Add one with
-``@register_advantage("my_name")`` or name it in the config by dotted path (``my_pkg.adv.my_fn``).
+``@register_advantage("my_name", traits=AdvantageTraits(...))`` or name it in the config by dotted path
+(``my_pkg.adv.my_fn``), its traits then declared with ``@advantage_traits(...)`` on the function. The traits say
+what the run must give it (groups of two or more, a critic) and whether it can stream; start-up checks them.
 
 Conventions (checked against verl's ``core_algos.py``; see docs/ALGORITHMS.md):
 
@@ -110,8 +112,61 @@ AdvantageEstimator = Callable[[AdvantageInputs], AdvantageOutput]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
 """Advantage estimators by the name ``algorithm.adv_type`` uses (or a dotted path to one)."""
 
-register_advantage = ADVANTAGE_ESTIMATORS.register
-"""``@register_advantage(name, overwrite=False)``: make an estimator available by name."""
+
+@dataclass(frozen=True)
+class AdvantageTraits:
+    """What an estimator needs from the run, declared with it; an estimator that declares nothing gets these
+    defaults: it needs neither groups nor a critic, and cannot stream."""
+
+    group_local: bool = False
+    """A trajectory's advantage reads only the rewards of its own group, so a mini-batch of whole groups gets the
+    advantages the whole batch would give it: ``runner.pipeline`` stream and async need this."""
+    needs_group: bool = False
+    """It compares the samples of one prompt, so ``algorithm.group_size`` must be >= 2 (a group of one has
+    advantage 0)."""
+    needs_critic: bool = False
+    """It bootstraps from a value model: ``critic.use_critic_model: true``, and a critic is useless without it."""
+
+
+TRAITS_ATTRIBUTE = "advantage_traits"
+"""The attribute an estimator's traits are kept in (set by ``register_advantage`` or ``@advantage_traits``)."""
+
+
+def advantage_traits(**traits: bool) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator declaring an estimator's :class:`AdvantageTraits` (for one named by dotted path)."""
+    declared = AdvantageTraits(**traits)
+
+    def declare(estimator: AdvantageEstimator) -> AdvantageEstimator:
+        setattr(estimator, TRAITS_ATTRIBUTE, declared)
+        return estimator
+
+    return declare
+
+
+def traits_of(estimator: AdvantageEstimator) -> AdvantageTraits:
+    """The traits ``estimator`` declared, or the defaults."""
+    return getattr(estimator, TRAITS_ATTRIBUTE, AdvantageTraits())
+
+
+def register_advantage(name: str, estimator: AdvantageEstimator | None = None, *,
+                       traits: AdvantageTraits | None = None, overwrite: bool = False):
+    """``@register_advantage(name, traits=..., overwrite=False)``: make an estimator available by name, with its
+    traits (else those it declared with ``@advantage_traits``, else the defaults)."""
+    if estimator is None:
+        return lambda fn: register_advantage(name, fn, traits=traits, overwrite=overwrite)
+    if traits is not None:
+        setattr(estimator, TRAITS_ATTRIBUTE, traits)
+    return ADVANTAGE_ESTIMATORS.register(name, estimator, overwrite=overwrite)
+
+
+def estimators_with(**wanted: bool) -> list[str]:
+    """The registered estimators whose traits match ``wanted`` (``group_local=True``), for messages."""
+    return [name for name in ADVANTAGE_ESTIMATORS.names()
+            if all(getattr(traits_of(ADVANTAGE_ESTIMATORS[name]), key) == value for key, value in wanted.items())]
+
+
+GROUP = AdvantageTraits(group_local=True, needs_group=True)
+"""The group-relative estimators' traits."""
 
 
 def compute_advantages(name: str, **inputs) -> AdvantageOutput:
@@ -175,7 +230,7 @@ def _broadcast(per_sequence: torch.Tensor, inputs: AdvantageInputs) -> Advantage
 # ---- estimators ---------------------------------------------------------------------------------
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", traits=GROUP)
 def grpo(inputs: AdvantageInputs) -> AdvantageOutput:
     """A_i = (r_i - mean_g) / (std_g + eps), unbiased std; 0 for a group of one."""
     scores = inputs.sequence_rewards()
@@ -184,7 +239,7 @@ def grpo(inputs: AdvantageInputs) -> AdvantageOutput:
     return _broadcast(advantage, inputs)
 
 
-@register_advantage("grpo_no_std")
+@register_advantage("grpo_no_std", traits=GROUP)
 def grpo_no_std(inputs: AdvantageInputs) -> AdvantageOutput:
     """Dr. GRPO: A_i = r_i - mean_g (0 for a group of one)."""
     scores = inputs.sequence_rewards()
@@ -192,7 +247,7 @@ def grpo_no_std(inputs: AdvantageInputs) -> AdvantageOutput:
     return _broadcast(scores - mean, inputs)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", traits=GROUP)
 def rloo(inputs: AdvantageInputs) -> AdvantageOutput:
     """A_i = r_i - mean of the other G-1 rewards = G/(G-1) (r_i - mean_g); 0 for a group of one."""
     scores = inputs.sequence_rewards()
@@ -208,7 +263,8 @@ def reinforce_plus_plus(inputs: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(advantages=masked_whiten(returns, inputs.response_mask), returns=returns)
 
 
-@register_advantage("reinforce_plus_plus_baseline")
+# Whitened over the batch, so not group-local, but it subtracts each group's mean first.
+@register_advantage("reinforce_plus_plus_baseline", traits=AdvantageTraits(needs_group=True))
 def reinforce_plus_plus_baseline(inputs: AdvantageInputs) -> AdvantageOutput:
     """REINFORCE++ after subtracting each group's mean reward (on the last model token), then whitening."""
     mean, _, _ = group_stats(inputs.sequence_rewards(), inputs.require_uids())
@@ -217,7 +273,7 @@ def reinforce_plus_plus_baseline(inputs: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(advantages=masked_whiten(returns, inputs.response_mask), returns=returns)
 
 
-@register_advantage("gae")
+@register_advantage("gae", traits=AdvantageTraits(needs_critic=True))
 def gae(inputs: AdvantageInputs) -> AdvantageOutput:
     """GAE over model tokens: delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lam A_next.
 

@@ -1,4 +1,5 @@
-"""Per-token losses: the PPO policy loss (asymmetric and dual clip), the entropy bonus, the critic loss.
+"""Per-token losses: the policy losses (``POLICY_LOSSES``; PPO's with asymmetric and dual clip built in), the
+entropy bonus, the critic loss.
 
 Each returns losses per token ``[B, T]`` (0 on mask-0 tokens) and its metrics; the caller reduces the
 losses with :func:`rlinf_search.algorithms.aggregation.aggregate_loss`, once, in the configured mode.
@@ -7,11 +8,13 @@ Metrics are means over this call's model tokens (detached scalars).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rlinf_search.algorithms.aggregation import masked_mean, zero_outside
+from rlinf_search.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 """lp - old is clamped to +-20 before exp (verl's guard): a stale token cannot give an inf ratio."""
@@ -97,6 +100,20 @@ def ppo_policy_loss(
             ratio_mean=masked_mean(ratio, mask),
             ratio_max=ratio_on_tokens.max() if mask.any() else ratio.new_zeros(()),
         )
+
+
+PolicyLoss = Callable[..., PolicyLossOutput]
+"""``fn(logprob, old_logprob, advantages, *, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)``:
+the loss per model token and its metrics (:class:`PolicyLossOutput`; a loss without clipping reports its clip
+fractions as 0). The clip keywords are the ``algorithm`` keys; a loss that reads none of them takes ``**kwargs``."""
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+"""Policy losses by the name ``algorithm.policy_loss`` uses (or a dotted path to one)."""
+
+register_policy_loss = POLICY_LOSSES.register
+"""``@register_policy_loss(name, overwrite=False)``: make a policy loss available by name."""
+
+POLICY_LOSSES.register("ppo", ppo_policy_loss)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -15,16 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, estimators_with, traits_of
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.scheduler.placement import Placement
 from rlinf_search.workers.inference.plan import LogprobPlan
 
 PIPELINES = ("sync", "overlap", "stream", "async")
-
-# Estimators whose advantage for a trajectory reads only the rewards of its own group: a streamed
-# mini-batch of whole groups gets the advantages the whole batch would give it. The others whiten over
-# the batch (reinforce_plus_plus*) or need a critic (gae).
-GROUP_LOCAL_ADVANTAGES = ("grpo", "grpo_no_std", "rloo")
 
 ASYNC_CORRECTION = "tis"
 """``algorithm.mismatch_correction`` when an asynchronous pipeline leaves it unset (docs/runtime.md says why)."""
@@ -105,9 +101,12 @@ def _check_minibatch_stream(value: str, *, placement: Placement, adv_type: str, 
     if shared and placement.topology.device_kind != "cpu":
         raise ConfigError(f"runner.pipeline: {value} trains while the engines still generate, so rollout and actor "
                           "need devices of their own (a collocated engine holds the actor's GPUs until it is done)")
-    if critic or adv_type not in GROUP_LOCAL_ADVANTAGES:
+    # A group-local estimator gives a streamed mini-batch of whole groups the advantages the whole batch would; the
+    # others whiten over the batch (reinforce_plus_plus*) or need a critic (gae). Each declares it (AdvantageTraits).
+    if critic or not traits_of(ADVANTAGE_ESTIMATORS.resolve(adv_type)).group_local:
         raise ConfigError(f"runner.pipeline: {value} computes advantages a mini-batch of groups at a time, which "
-                          f"needs a group-local estimator ({', '.join(GROUP_LOCAL_ADVANTAGES)}), not {adv_type}")
+                          f"needs a group-local estimator ({', '.join(estimators_with(group_local=True))}, or "
+                          f"yours declared with @advantage_traits(group_local=True)), not {adv_type}")
     if ppo_epochs != 1:
         raise ConfigError(f"runner.pipeline: {value} trains each mini-batch once as it arrives; "
                           f"algorithm.ppo_epochs must be 1, got {ppo_epochs}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlinf_search.agents.config import AgentLoopConfig
-from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
+from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, estimators_with, traits_of
 from rlinf_search.config.distill import distill_config
 from rlinf_search.config.pipeline import ASYNC_DEFAULTS, PipelineSettings, async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
@@ -244,15 +244,17 @@ def _batching(raw: dict) -> tuple[int, int, str]:
     batch = get_int(raw, "data.rollout_batch_size", RunConfig.rollout_batch_size, minimum=1)
     minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
     adv_type = get_registered(raw, "algorithm.adv_type", RunConfig.adv_type, ADVANTAGE_ESTIMATORS)
-    if adv_type in ("grpo", "grpo_no_std", "rloo", "reinforce_plus_plus_baseline") and group_size < 2:
+    traits = traits_of(ADVANTAGE_ESTIMATORS.resolve(adv_type))
+    if traits.needs_group and group_size < 2:
         raise ConfigError(f"algorithm.group_size must be >= 2 for {adv_type}: a group of one has advantage 0")
     use_critic = get_bool(raw, "critic.use_critic_model", CRITIC_BY_DEFAULT)
-    if adv_type == "gae" and not use_critic:
-        raise ConfigError("algorithm.adv_type: gae needs critic.use_critic_model: true (GAE bootstraps from its "
-                          "values)")
-    if use_critic and adv_type != "gae":
-        raise ConfigError(f"critic.use_critic_model: true needs algorithm.adv_type: gae ({adv_type} never reads "
+    if traits.needs_critic and not use_critic:
+        raise ConfigError(f"algorithm.adv_type: {adv_type} needs critic.use_critic_model: true (it bootstraps from "
                           "the critic's values)")
+    if use_critic and not traits.needs_critic:
+        raise ConfigError(f"critic.use_critic_model: true needs algorithm.adv_type: "
+                          f"{', '.join(estimators_with(needs_critic=True))} (an estimator that reads the critic's "
+                          f"values); {adv_type} never reads them")
     if (batch * group_size) % minibatches:
         raise ConfigError(f"data.rollout_batch_size * algorithm.group_size ({batch * group_size}) must divide "
                           f"into algorithm.n_minibatches ({minibatches})")

@@ -28,7 +28,7 @@ SCHEMA: dict[str, Any] = {
                "max_tokens_per_mbs": None, "resume_dir": None, "rollout_dump": None, "pipeline": None,
                "max_staleness": None, "partial_rollout": None,
                "logger": {"log_path": None, "project_name": None, "experiment_name": None, "logger_backends": None}},
-    "algorithm": {"group_size": None, "n_minibatches": None, "ppo_epochs": None, "recompute_logprobs": None,
+    "algorithm": {"policy_loss": None, "group_size": None, "n_minibatches": None, "ppo_epochs": None, "recompute_logprobs": None,
                   "shuffle_rollout": None, "loss_agg_func": None, "kl_beta": None, "kl_penalty_type": None,
                   "ratio_clip_eps": None, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": None,
                   "entropy_bonus": None, "adv_type": None, "normalize_advantages": None, "gamma": None, "lam": None,

@@ -5,7 +5,18 @@ keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_
 
 from __future__ import annotations
 
-from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, TOP_K_DIVERGENCES
+import importlib.util
+import logging
+
+import torch
+
+from rlinf_search.algorithms import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    MISMATCH_CORRECTIONS,
+    POLICY_LOSSES,
+    TOP_K_DIVERGENCES,
+)
 from rlinf_search.config.readers import (
     get,
     get_bool,
@@ -20,11 +31,14 @@ from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS
+from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_config_from_actor
+from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
+
+log = logging.getLogger(__name__)
 
 # ``critic.use_critic_model``: GRPO and its kin need no value model; only GAE does.
 CRITIC_BY_DEFAULT = False
@@ -35,6 +49,9 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
     low = get_float(raw, "algorithm.clip_ratio_low",
                     PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
     high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
+    for key, value in (("ratio_clip_eps", symmetric), ("clip_ratio_low", low), ("clip_ratio_high", high)):
+        if value is not None and value < 0:
+            raise ConfigError(f"algorithm.{key} must be >= 0, got {value}")
     loss_agg = get_registered(raw, "algorithm.loss_agg_func", PolicyLossConfig.loss_agg_func, LOSS_AGGREGATIONS)
     kl_type = get_registered(raw, "algorithm.kl_penalty_type", PolicyLossConfig.kl_penalty_type, KL_ESTIMATORS)
     kl_beta = get_float(raw, "algorithm.kl_beta", PolicyLossConfig.kl_beta)
@@ -48,6 +65,7 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
     correction = get_registered(raw, "algorithm.mismatch_correction", PolicyLossConfig.mismatch_correction,
                                 MISMATCH_CORRECTIONS)
     return PolicyLossConfig(
+        policy_loss=get_registered(raw, "algorithm.policy_loss", PolicyLossConfig.policy_loss, POLICY_LOSSES),
         clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, loss_agg_func=loss_agg, kl_beta=kl_beta,
         kl_penalty_type=kl_type,
         entropy_bonus=get_float(raw, "algorithm.entropy_bonus", PolicyLossConfig.entropy_bonus),
@@ -63,6 +81,11 @@ def _optim(optim: dict, lr_sched: dict, *, section: str, total_steps: int, lr: f
     try:
         return OptimConfig(total_steps=total_steps, **settings)
     except (TypeError, ValueError) as exc:
+        # OptimConfig's messages start with the field; name the key it came from.
+        field_name = str(exc).split(" ", 1)[0]
+        where = "lr_sched" if field_name in lr_sched or field_name.startswith(("lr_", "min_lr")) else "optim"
+        if field_name in optim or field_name in lr_sched or field_name == "lr":
+            raise ConfigError(f"{section}.{where}.{exc}") from None
         raise ConfigError(f"{section}.optim / {section}.lr_sched: {exc}") from None
 
 
@@ -78,6 +101,7 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
                           "by actor.model.recompute_granularity instead")
     loss = _policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature)
     pack_traj = get_bool(raw, "actor.pack_traj", ActorConfig.pack_traj)
+    pack_sequences = get_bool(raw, "actor.model.use_remove_padding", ActorConfig.pack_sequences)
     if not pack_traj and loss.loss_agg_func not in TURN_LEVEL_AGGREGATIONS:
         raise ConfigError(f"actor.pack_traj: false weights each turn back to its trajectory for "
                           f"{', '.join(TURN_LEVEL_AGGREGATIONS)}; algorithm.loss_agg_func is {loss.loss_agg_func!r}")
@@ -91,11 +115,11 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
                        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
                        dtype=get_precision(raw, "actor.model.precision", ActorConfig.dtype, training=True),
                        gradient_checkpointing=checkpointing,
-                       pack_sequences=get_bool(raw, "actor.model.use_remove_padding", ActorConfig.pack_sequences),
+                       pack_sequences=pack_sequences,
                        logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size",
                                                     ActorConfig.logprob_chunk_tokens, minimum=1),
                        fsdp_cpu_offload=_fsdp_cpu_offload(raw, backend),
-                       attn_implementation=_attn_implementation(raw, backend),
+                       attn_implementation=_attn_implementation(raw, backend, packing=pack_sequences),
                        seed=seed, forward_micro_batch_size=forward_rows(raw),
                        shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", ActorConfig.shuffle_rollout),
                        offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", OffloadConfig.weights),
@@ -113,8 +137,10 @@ def _fsdp_cpu_offload(raw: dict, backend: str) -> bool:
     return offload
 
 
-def _attn_implementation(raw: dict, backend: str) -> str | None:
-    """``actor.model.attn_implementation``: the HF attention kernel; megatron-core brings its own attention."""
+def _attn_implementation(raw: dict, backend: str, *, packing: bool) -> str | None:
+    """``actor.model.attn_implementation``: the HF attention kernel; megatron-core brings its own attention.
+    ``packing``: ``actor.model.use_remove_padding``. A choice that cannot take effect on this machine (no packed-row
+    kernel, a kernel whose package or device is missing) says so here, in one line, before any worker starts."""
     name = get(raw, "actor.model.attn_implementation", ActorConfig.attn_implementation)
     if name is None:
         return None
@@ -124,6 +150,15 @@ def _attn_implementation(raw: dict, backend: str) -> str | None:
     if name not in ATTN_IMPLEMENTATIONS:
         raise ConfigError(f"actor.model.attn_implementation: unknown '{name}'; use one of "
                           f"{', '.join(ATTN_IMPLEMENTATIONS)}, or null for transformers' default")
+    if packing and name not in PACKED_ROW_KERNELS:
+        log.warning("actor.model.use_remove_padding: no effect with attn_implementation %s (no packed-row kernel), "
+                    "rows stay padded; use %s (or null) to pack", name, PACKED_ATTENTION)
+    if name.startswith("flash_attention") and importlib.util.find_spec("flash_attn") is None:
+        log.warning("actor.model.attn_implementation: %s needs the flash_attn package, which this machine lacks, so "
+                    "the actor's models will not load here; %s packs rows without it", name, PACKED_ATTENTION)
+    if name == "flex_attention" and not torch.cuda.is_available():
+        log.warning("actor.model.attn_implementation: flex_attention has no backward pass on CPU in torch, so the "
+                    "actor cannot train on this machine; %s trains everywhere", PACKED_ATTENTION)
     return name
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlinf_search.workers.actor.megatron.config import MegatronConfig
+from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.offload import OffloadConfig
 
 
@@ -38,12 +39,23 @@ class OptimConfig:
             raise ValueError(f"lr_decay_style must be constant or cosine, got {self.lr_decay_style!r}")
         if not 0.0 <= self.lr_warmup_fraction <= 1.0:
             raise ValueError(f"lr_warmup_fraction must be in [0, 1], got {self.lr_warmup_fraction}")
+        for name in ("adam_eps", "clip_grad"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("lr", "weight_decay", "min_lr"):  # lr 0 freezes the model (a baseline, a test)
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
     """The ``algorithm`` keys the policy update reads."""
 
+    policy_loss: str = "ppo"
+    """``algorithm.policy_loss``: the loss per model token (``POLICY_LOSSES``: a registered name or a dotted path)."""
     clip_ratio_low: float = 0.2
     """PPO clip below 1 (``ratio_clip_eps`` sets both sides when the asymmetric keys are absent)."""
     clip_ratio_high: float = 0.2
@@ -104,8 +116,8 @@ class ActorConfig:
     pass over each turn's context. Old and reference log-probs are still scored on the whole trajectory."""
     attn_implementation: str | None = None
     """``actor.model.attn_implementation``: the HF attention kernel of the actor's models (policy, reference,
-    the InferenceGroup's copies): ``sdpa``, ``eager``, ``flash_attention_2``, ... (``hf_model.py``); None
-    keeps transformers' default (sdpa). A flash kernel is what lets ``pack_sequences`` pack rows."""
+    the InferenceGroup's copies): ``sdpa``, ``eager``, ``sdpa_varlen``, ``flash_attention_2``, ...
+    (``hf_model.py``); None: ``sdpa_varlen`` when ``pack_sequences``, else transformers' default (sdpa)."""
     logprob_chunk_tokens: int = 1024
     """``actor.model.logprob_chunk_size``: response tokens per LM-head chunk when computing log-probs."""
     fsdp_cpu_offload: bool = False
@@ -134,3 +146,12 @@ class ActorConfig:
     offload: OffloadConfig = OffloadConfig()
     """``actor.offload_weight`` / ``offload_grad`` / ``offload_optimizer``: what leaves the device
     after each update until the actor's next phase."""
+
+    @property
+    def model_attention(self) -> str | None:
+        """The kernel the actor's models load with: ``attn_implementation``; when that is None and rows are to be
+        packed, ``sdpa_varlen`` (``packed_attention.py``: packed rows without flash-attn), else transformers'
+        default."""
+        if self.attn_implementation is None and self.pack_sequences:
+            return PACKED_ATTENTION
+        return self.attn_implementation

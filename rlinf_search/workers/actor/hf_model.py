@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import torch
 
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+from rlinf_search.workers.actor import packed_attention
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", packed_attention.PACKED_ATTENTION, "flash_attention_2", "flash_attention_3",
+                        "flex_attention")
 """The HF attention kernels ``actor.model.attn_implementation`` may name (transformers checks that the
-installed packages provide the one named when the model loads)."""
+installed packages provide the one named when the model loads; ``sdpa_varlen`` is this package's own)."""
+
+PACKED_ROW_KERNELS = (packed_attention.PACKED_ATTENTION, "flash_attention_2", "flash_attention_3", "flex_attention")
+"""The kernels that attend within each row of a packed sequence, reading the rows from the position ids."""
 
 
 def load_causal_lm(model_path: str, *, dtype: torch.dtype, attn_implementation: str | None) -> torch.nn.Module:
@@ -15,5 +21,6 @@ def load_causal_lm(model_path: str, *, dtype: torch.dtype, attn_implementation: 
     default, sdpa where torch has it)."""
     from transformers import AutoModelForCausalLM
 
+    packed_attention.register()
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **extra)

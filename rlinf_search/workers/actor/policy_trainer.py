@@ -20,11 +20,11 @@ import torch
 
 from rlinf_search.algorithms import (
     MISMATCH_CORRECTIONS,
+    POLICY_LOSSES,
     aggregate_loss,
     entropy_bonus_loss,
     kl_penalty,
     masked_mean,
-    ppo_policy_loss,
     top_k_kl,
 )
 from rlinf_search.checkpoint import TrainingState
@@ -97,6 +97,7 @@ class PolicyTrainer:
         self.scorer = TokenScorer(self.model, chunk_tokens=config.logprob_chunk_tokens)
         self.module = self.parallel.wrap(self.scorer)
         self.packed = self.packs_sequences and packs_rows(self.model, config.pack_sequences)
+        self.policy_loss = POLICY_LOSSES.resolve(config.loss.policy_loss)
         self.optimizer, self.scheduler = self._build_optimizer()
         self.global_step = 0
         # Seeded alike on every rank: all ranks must cut the same mini-batches.
@@ -105,7 +106,7 @@ class PolicyTrainer:
     def _build_model(self) -> torch.nn.Module:
         """The trainable policy in fp32 (the master weights), on ``self.device``."""
         return load_causal_lm(self.config.model_path, dtype=torch.float32,
-                              attn_implementation=self.config.attn_implementation).to(self.device)
+                              attn_implementation=self.config.model_attention).to(self.device)
 
     def _build_optimizer(self):
         """AdamW over the trainable parameters and its lr schedule (``LambdaLR`` of ``lr_lambda``)."""
@@ -219,9 +220,9 @@ class PolicyTrainer:
             scored = self.module(layout, temperature=cfg.temperature, entropy_grad=cfg.entropy_bonus > 0)
         logprobs, entropy = layout.to_rows(scored.logprobs), layout.to_rows(scored.entropy)
         old = micro.old_logprobs.to(self.device)
-        policy = ppo_policy_loss(logprobs, old, micro.advantages.to(self.device), response_mask=mask,
-                                 clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-                                 clip_ratio_c=cfg.clip_ratio_c)
+        policy = self.policy_loss(logprobs, old, micro.advantages.to(self.device), response_mask=mask,
+                                  clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+                                  clip_ratio_c=cfg.clip_ratio_c)
         token_losses = policy.token_losses
         metrics = policy.metrics()
         if cfg.mismatch_correction:
@@ -259,7 +260,7 @@ class PolicyTrainer:
         """The frozen policy at ``model_path`` as a scorer in the compute precision (it never trains), placed
         like the policy (sharded under ``fsdp``)."""
         model = load_causal_lm(model_path, dtype=COMPUTE_DTYPES[self.config.dtype],
-                               attn_implementation=self.config.attn_implementation)
+                               attn_implementation=self.config.model_attention)
         scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.config.logprob_chunk_tokens)
         scorer.requires_grad_(False)
         if isinstance(self.parallel, FullySharded):

@@ -4,9 +4,9 @@ Two things keep activation memory near the model's own:
 
 - **Packing** (``actor.model.use_remove_padding``): a micro-batch's rows are laid end to end in one
   sequence whose ``position_ids`` restart at 0 for every row, with no attention mask. transformers then
-  builds a block-diagonal causal mask from the position ids (``find_packed_sequence_indices``; flash
-  attention reads them as cumulative lengths), so each row attends only to itself, as when padded, and
-  no padding token is computed.
+  attends within each row by the position ids (``sdpa_varlen``, ``packed_attention.py``; flash attention
+  reads them as cumulative lengths; flex attention builds a block mask from them), so each row attends only
+  to itself, as when padded, and no padding token is computed.
 - **Chunking** (``actor.model.logprob_chunk_size``): only the hidden states that predict a response token
   go through the LM head, a chunk of tokens at a time; in training each chunk is checkpointed, so its
   ``[chunk, vocab]`` fp32 logits exist once, briefly, instead of 3 to 4 full-size copies kept for backward.
@@ -25,6 +25,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.workers.actor.hf_model import PACKED_ROW_KERNELS
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +65,20 @@ class ScoringLayout:
 
 
 def packs_rows(model: torch.nn.Module, requested: bool) -> bool:
-    """Whether to lay a micro-batch's rows end to end (``requested``: ``use_remove_padding``). Only a
-    flash-attention implementation attends within each packed row at the cost of padded rows: it reads the
-    row boundaries from the position ids. sdpa and eager get a dense block-diagonal mask over the whole packed
-    sequence instead, so attention costs the square of the micro-batch's token count, not the sum of its rows'
-    squares (3x slower than padding for 32 rows of 200 tokens on a CPU). Those keep the rows padded."""
+    """Whether to lay a micro-batch's rows end to end (``requested``: ``use_remove_padding``). Only a kernel that
+    attends within each packed row (``hf_model.PACKED_ROW_KERNELS``: ``sdpa_varlen``, flash, flex) gains from it:
+    sdpa and eager get a dense block-diagonal mask over the whole packed sequence, so attention costs the square of
+    the micro-batch's token count, not the sum of its rows' squares (3x slower than padding for 32 rows of 200
+    tokens on a CPU). Those keep the rows padded, with one warning."""
     if not requested:
         return False
     config = getattr(model, "config", None)
     implementation = str(getattr(config, "_attn_implementation", None) or "")
-    if "flash" in implementation:
+    if implementation in PACKED_ROW_KERNELS:
         return True
     log.warning("use_remove_padding: the model's %s attention has no kernel for packed rows (it would attend over "
-                "the whole packed micro-batch), so rows stay padded; load it with flash attention to pack",
-                implementation or "default")
+                "the whole packed micro-batch), so rows stay padded; load it with sdpa_varlen (or flash or flex "
+                "attention) to pack", implementation or "default")
     return False
 
 

@@ -39,7 +39,7 @@ class InferenceWorker(Worker):
     def _load(self) -> TokenScorer:
         # Forward passes only: the compute precision is all it needs (no master weights).
         model = load_causal_lm(self.actor.model_path, dtype=COMPUTE_DTYPES[self.actor.dtype],
-                               attn_implementation=self.actor.attn_implementation)
+                               attn_implementation=self.actor.model_attention)
         scorer = TokenScorer(model.to(self.device).eval(), chunk_tokens=self.actor.logprob_chunk_tokens)
         scorer.requires_grad_(False)
         return scorer
