@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device:<28}{args.backend:<10}{args.shape:<14}{tokens:>14}{args.mbs_tokens:>11}"
           f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{plan:>10.1f}{seconds:>10.2f}{tokens_per_s:>10.0f}"
           f"{100 * mfu:>6.1f}%")
-    print(f"loss finite: {all(map(math.isfinite, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}")
+    print(f"loss finite: {all(map(math.isfinite, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}; "
+          f"rows packed: {getattr(trainer, 'packed', False)} ({config.model_attention if fsdp else 'megatron-core'} "
+          f"attention); FLOPs/token = 6 x {n_params / 1e9:.2f} B params + 12 x layers x hidden x mean row "
+          f"({mean_row:.0f}), head counted for every token, recompute not counted")
     return 0
 
 

@@ -7,8 +7,8 @@
 #   there: bash scripts/gpu_check.sh                        # from the repository root, with .whl/ beside it
 #
 # Steps: the machine and versions; tests/test_gpu.py (FSDP2 bf16 update, packed vs padded rows through the GPU
-# attention kernels, 0.5B peak memory against toolkits.memory_plan); benchmarks/gpu_actor_step.py at the
-# Qwen2.5-3B shape for FSDP2 and for Megatron (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py
+# attention kernels: sdpa_varlen, flex, flash; 0.5B peak memory against toolkits.memory_plan); benchmarks/gpu_actor_step.py at the
+# Qwen2.5-3B shape for FSDP2 (packed rows through sdpa_varlen, and a 16k-token micro-batch) and for Megatron (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py
 # (the dtype of every matmul of a Megatron update with full recompute, forward and backward apart);
 # benchmarks/offload_memory.py for FSDP2 and Megatron at the 0.5B shape (device memory before, during and after
 # actor.offload_*); benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight sync, fp32 against
@@ -25,6 +25,12 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_O
 PY="${PY:-python3}"
 
 STEPS="${GPU_CHECK_STEPS:-all}"  # e.g. GPU_CHECK_STEPS="machine offload_fsdp" runs just those (a short loan)
+# Named sets, each under one 10-minute call by its timeouts:
+#   packing (470 s): packed rows through sdpa_varlen, flex and flash against padded sdpa (log-probs and gradients),
+#   the 3B FSDP2 update with packed rows (MFU), and a 16k-token packed micro-batch at the 3B shape.
+case "$STEPS" in
+    packing) STEPS="machine test_gpu gpu_actor_step_fsdp packed_16k" ;;
+esac
 step() {  # step NAME SECONDS COMMAND...: run one check under its own timeout, its output in the log
     local name="$1" seconds="$2"
     shift 2
@@ -46,6 +52,7 @@ step machine 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version
     $PY -c 'import megatron.core, faiss, bm25s; print(\"megatron-core\", megatron.core.__version__)'"
 step test_gpu 130 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
 step gpu_actor_step_fsdp 130 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b
+step packed_16k 150 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --mbs-tokens 16384 --rows 8 --updates 1
 step gpu_actor_step_megatron 200 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --backend megatron
 step matmul_dtypes 100 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends megatron --recompute full
 step offload_fsdp 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend fsdp
