@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from dataclasses import fields
 
 import torch
 
@@ -39,6 +40,9 @@ from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
 
 log = logging.getLogger(__name__)
+
+# The OptimConfig fields written under ``<section>.lr_sched``; the others are under ``<section>.optim``.
+LR_SCHED_KEYS = ("lr_warmup_fraction", "lr_decay_style", "min_lr")
 
 # ``critic.use_critic_model``: GRPO and its kin need no value model; only GAE does.
 CRITIC_BY_DEFAULT = False
@@ -81,11 +85,10 @@ def _optim(optim: dict, lr_sched: dict, *, section: str, total_steps: int, lr: f
     try:
         return OptimConfig(total_steps=total_steps, **settings)
     except (TypeError, ValueError) as exc:
-        # OptimConfig's messages start with the field; name the key it came from.
+        # OptimConfig's range messages start with the field; name the key it came from.
         field_name = str(exc).split(" ", 1)[0]
-        where = "lr_sched" if field_name in lr_sched or field_name.startswith(("lr_", "min_lr")) else "optim"
-        if field_name in optim or field_name in lr_sched or field_name == "lr":
-            raise ConfigError(f"{section}.{where}.{exc}") from None
+        if field_name in {f.name for f in fields(OptimConfig)}:
+            raise ConfigError(f"{section}.{'lr_sched' if field_name in LR_SCHED_KEYS else 'optim'}.{exc}") from None
         raise ConfigError(f"{section}.optim / {section}.lr_sched: {exc}") from None
 
 
