@@ -32,7 +32,7 @@ def test_packed_rows_score_like_padded_rows(tiny_model_dir, dtype, tolerance, mo
     calls = []
     per_row = packed_attention.packed_rows_attention
     monkeypatch.setattr(packed_attention, "packed_rows_attention",
-                        lambda *args, **kwargs: calls.append(len(args[3]) - 1) or per_row(*args, **kwargs))
+                        lambda *args, **kwargs: calls.append(len(args[3].cuts) - 1) or per_row(*args, **kwargs))
     model = load_causal_lm(str(tiny_model_dir), dtype=dtype, attn_implementation=PACKED_ATTENTION)
     scorer = TokenScorer(model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

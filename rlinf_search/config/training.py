@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import fields
 
 import torch
 
@@ -28,10 +27,10 @@ from rlinf_search.config.readers import (
     get_registered,
     get_section,
 )
-from rlinf_search.config.schema import ConfigError
+from rlinf_search.config.schema import SCHEMA, ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
-from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig, SettingOutOfRange
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_config_from_actor
@@ -40,9 +39,6 @@ from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
 
 log = logging.getLogger(__name__)
-
-# The OptimConfig fields written under ``<section>.lr_sched``; the others are under ``<section>.optim``.
-LR_SCHED_KEYS = ("lr_warmup_fraction", "lr_decay_style", "min_lr")
 
 # ``critic.use_critic_model``: GRPO and its kin need no value model; only GAE does.
 CRITIC_BY_DEFAULT = False
@@ -84,11 +80,10 @@ def _optim(optim: dict, lr_sched: dict, *, section: str, total_steps: int, lr: f
     settings = {**({} if lr is None else {"lr": lr}), **optim, **lr_sched}
     try:
         return OptimConfig(total_steps=total_steps, **settings)
+    except SettingOutOfRange as exc:
+        where = "lr_sched" if exc.setting in SCHEMA[section]["lr_sched"] else "optim"
+        raise ConfigError(f"{section}.{where}.{exc}") from None
     except (TypeError, ValueError) as exc:
-        # OptimConfig's range messages start with the field; name the key it came from.
-        field_name = str(exc).split(" ", 1)[0]
-        if field_name in {f.name for f in fields(OptimConfig)}:
-            raise ConfigError(f"{section}.{'lr_sched' if field_name in LR_SCHED_KEYS else 'optim'}.{exc}") from None
         raise ConfigError(f"{section}.optim / {section}.lr_sched: {exc}") from None
 
 

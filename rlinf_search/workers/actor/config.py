@@ -9,6 +9,26 @@ from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.offload import OffloadConfig
 
 
+class SettingOutOfRange(ValueError):
+    """A setting outside its range; ``setting`` names the field, so the config reader can name the key."""
+
+    def __init__(self, setting: str, message: str):
+        super().__init__(message)
+        self.setting = setting
+
+
+OPTIM_RANGES = {
+    "lr": (lambda v: v >= 0, ">= 0"),  # 0 freezes the model (a baseline, a test)
+    "adam_beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_eps": (lambda v: v > 0, "> 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "clip_grad": (lambda v: v > 0, "> 0"),
+    "min_lr": (lambda v: v >= 0, ">= 0"),
+}
+"""The range of each numeric ``OptimConfig`` field, with its words for the error."""
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """``actor.optim`` and ``actor.lr_sched`` (and ``critic.optim`` / ``critic.lr_sched``)."""
@@ -36,18 +56,15 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         if self.lr_decay_style not in ("constant", "cosine"):
-            raise ValueError(f"lr_decay_style must be constant or cosine, got {self.lr_decay_style!r}")
+            raise SettingOutOfRange("lr_decay_style", f"lr_decay_style must be constant or cosine, got "
+                                                      f"{self.lr_decay_style!r}")
         if not 0.0 <= self.lr_warmup_fraction <= 1.0:
-            raise ValueError(f"lr_warmup_fraction must be in [0, 1], got {self.lr_warmup_fraction}")
-        for name in ("adam_eps", "clip_grad"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("lr", "weight_decay", "min_lr"):  # lr 0 freezes the model (a baseline, a test)
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            raise SettingOutOfRange("lr_warmup_fraction",
+                                    f"lr_warmup_fraction must be in [0, 1], got {self.lr_warmup_fraction}")
+        for name, (inside, words) in OPTIM_RANGES.items():
+            if not inside(getattr(self, name)):
+                raise SettingOutOfRange(name, f"{name} must be {words}, got {getattr(self, name)}")
+
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,15 @@ sequence, whose cost is the square of the micro-batch's tokens. This kernel need
 - elsewhere (the CPU), ``scaled_dot_product_attention`` once per row, causal, so each row costs its own square.
 
 A padded micro-batch (a 2-D attention mask) goes to transformers' sdpa path unchanged, so one loaded model serves
-both layouts. Registered with transformers under :data:`PACKED_ATTENTION` when this module is imported
-(``hf_model.load_causal_lm`` imports it before loading).
+both layouts. :func:`register` makes :data:`PACKED_ATTENTION` a name transformers loads models with
+(``hf_model.load_causal_lm`` calls it before loading).
 """
 
 from __future__ import annotations
 
 import inspect
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,33 @@ def row_boundaries(position_ids: torch.Tensor) -> torch.Tensor:
         starts = torch.cat([starts.new_zeros(1), starts])
     end = torch.tensor([positions.numel()], device=starts.device, dtype=starts.dtype)
     return torch.cat([starts, end]).to(torch.int32)
+
+
+class PackedRows(NamedTuple):
+    """Where the rows of one packed sequence start and end, read once per forward pass."""
+
+    bounds: torch.Tensor
+    """:func:`row_boundaries` (int32, on the position ids' device)."""
+    cuts: list[int]
+    """The same boundaries as Python ints (the per-row loop slices with them)."""
+    longest: int
+    """The longest row's length (varlen's ``max_q`` / ``max_k``)."""
+
+
+_last_rows: tuple[torch.Tensor, PackedRows] | None = None
+"""The position ids of the last forward pass and their rows. Every layer (and a checkpointed layer's recompute) gets
+the same position-ids tensor, so the rows, and the device-to-host copy they need, are made once a pass, not once a
+layer. Holding the tensor keeps its identity from being reused while it is cached."""
+
+
+def packed_rows(position_ids: torch.Tensor) -> PackedRows:
+    """The rows of the packed sequence ``position_ids`` describes, computed on the first layer that asks."""
+    global _last_rows
+    if _last_rows is None or _last_rows[0] is not position_ids:
+        bounds = row_boundaries(position_ids)
+        cuts = bounds.tolist()
+        _last_rows = (position_ids, PackedRows(bounds, cuts, max(b - a for a, b in zip(cuts[:-1], cuts[1:]))))
+    return _last_rows[1]
 
 
 @lru_cache(maxsize=1)
@@ -59,10 +87,10 @@ def _repeat_kv(states: torch.Tensor, groups: int, dim: int) -> torch.Tensor:
     return states if groups == 1 else states.repeat_interleave(groups, dim=dim)
 
 
-def packed_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, *,
+def packed_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: PackedRows, *,
                           scaling: float | None) -> torch.Tensor:
     """Causal attention within each row of one packed sequence. ``query`` [1, H, N, D], ``key``/``value``
-    [1, H_kv, N, D]; ``bounds``: :func:`row_boundaries`. Returns [1, N, H, D], as transformers' kernels do."""
+    [1, H_kv, N, D]; ``rows``: :func:`packed_rows`. Returns [1, N, H, D], as transformers' kernels do."""
     groups = query.shape[1] // key.shape[1]
     varlen = _varlen_call() if query.is_cuda else None
     if varlen is not None:
@@ -77,15 +105,13 @@ def packed_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
             extra["scale"] = scaling
         elif scaling is not None and scaling != q.shape[-1] ** -0.5:
             q = q * (scaling * q.shape[-1] ** 0.5)
-        cu = bounds.to(q.device)
-        longest = int((bounds[1:] - bounds[:-1]).max())
-        return varlen_attn(q, k, v, cu, cu, longest, longest, **extra).unsqueeze(0)
+        cu = rows.bounds.to(q.device)
+        return varlen_attn(q, k, v, cu, cu, rows.longest, rows.longest, **extra).unsqueeze(0)
     key, value = _repeat_kv(key, groups, 1), _repeat_kv(value, groups, 1)
-    cuts = bounds.tolist()
-    rows = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
-                                           scale=scaling)
-            for a, b in zip(cuts[:-1], cuts[1:])]
-    return torch.cat(rows, dim=2).transpose(1, 2).contiguous()
+    outputs = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
+                                              scale=scaling)
+               for a, b in zip(rows.cuts[:-1], rows.cuts[1:])]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
 def sdpa_varlen_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -99,7 +125,7 @@ def sdpa_varlen_forward(module: torch.nn.Module, query: torch.Tensor, key: torch
     if attention_mask is not None or position_ids is None or query.shape[0] != 1 or dropout:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    return packed_rows_attention(query, key, value, row_boundaries(position_ids), scaling=scaling), None
+    return packed_rows_attention(query, key, value, packed_rows(position_ids), scaling=scaling), None
 
 
 def _sdpa_varlen_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs):
