@@ -42,6 +42,13 @@ class ProbeReading:
     """Answer copy among the questions of each kind of fact (``toolkits.synth_task.QUESTIONS``): a stalled
     answer copy is usually some kinds copied and others not."""
 
+    @property
+    def least_fact_copy(self) -> float:
+        """Answer copy of the least-copied kind of fact (``answer_copy`` when the kinds are not known): a mean
+        over the kinds can pass with one of them far behind, and the behaviour-mix stage erodes the weakest
+        kind most (docs/results.md, the toolcall seed table)."""
+        return min(self.answer_copy_by_fact.values(), default=self.answer_copy)
+
     def __str__(self) -> str:
         facts = ", ".join(f"{fact} {share:.2f}" for fact, share in sorted(self.answer_copy_by_fact.items()))
         return (f"query copy {self.query_copy:.2f}, answer copy {self.answer_copy:.2f}"
@@ -169,6 +176,8 @@ class ProbeSet:
 
 
 _COMPARE = {">=": operator.ge, "<=": operator.le}
+PROBES = (*ProbeReading.__dataclass_fields__, "least_fact_copy")
+"""What a ``Bound`` may read: the fields of ``ProbeReading`` and the readings made from them."""
 
 
 @dataclass(frozen=True)
@@ -176,15 +185,15 @@ class Bound:
     """One condition on a probe reading, such as ``answer_copy >= 0.8``."""
 
     probe: str
-    """A field of ``ProbeReading``."""
+    """A field of ``ProbeReading`` or one of its readings (``PROBES``)."""
     op: str
     """``>=`` or ``<=``."""
     value: float
     """The threshold."""
 
     def __post_init__(self) -> None:
-        if self.probe not in ProbeReading.__dataclass_fields__:
-            raise ValueError(f"unknown probe {self.probe!r}; one of {', '.join(ProbeReading.__dataclass_fields__)}")
+        if self.probe not in PROBES:
+            raise ValueError(f"unknown probe {self.probe!r}; one of {', '.join(PROBES)}")
         if self.op not in _COMPARE:
             raise ValueError(f"unknown comparison {self.op!r}; one of {', '.join(_COMPARE)}")
 
