@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import random
@@ -446,3 +447,26 @@ def test_the_facts_plot_reads_the_lines_the_warm_start_prints():
                      line("skill", 50, 0.25, {"employer": 0.0, "born_in": 0.75}),
                      line("skill", 100, 0.5, {"employer": 1.0, "born_in": 1.0}) + " (goal met)"])
     assert readings(log) == ([50, 100], [0.25, 0.5], {"born_in": [0.75, 1.0], "employer": [0.0, 1.0]})
+
+
+def test_the_fact_copy_floor_holds_back_a_mean_that_hides_one_kind():
+    """With ``--fact-copy-floor`` the skill goal needs every kind of fact copied, not only the mean: toolcall seed
+    2 met the mean with profession at 0.66 and then failed the mix stage's floor. Without it, the mean alone."""
+    from toolkits.sft_warmstart import goals
+    from toolkits.warmstart_probes import ProbeReading
+
+    def args(floor: float) -> argparse.Namespace:
+        return argparse.Namespace(val_data="val.jsonl", query_copy_goal=0.85, answer_copy_goal=0.9,
+                                  fact_copy_floor=floor, search_band=(0.1, 0.4), max_greedy_search=0.05,
+                                  mix_answer_copy_floor=0.8)
+
+    seed2 = ProbeReading(query_copy=0.94, answer_copy=0.90, search_mean=0.0, search_greedy=0.0,
+                         answer_copy_by_fact={"born_in": 1.0, "country": 1.0, "employer": 0.89, "profession": 0.66})
+    assert seed2.least_fact_copy == 0.66
+    assert goals(args(0.0))[0].met(seed2)
+    skill = goals(args(0.85))[0]
+    assert not skill.met(seed2) and "least fact copy >= 0.85" in str(skill)
+    caught_up = dataclasses.replace(seed2, answer_copy_by_fact={**seed2.answer_copy_by_fact, "profession": 0.86})
+    assert skill.met(caught_up)
+    unknown_kinds = dataclasses.replace(seed2, answer_copy_by_fact={})
+    assert unknown_kinds.least_fact_copy == seed2.answer_copy, "without kinds the floor reads the mean"
