@@ -470,3 +470,32 @@ def test_the_fact_copy_floor_holds_back_a_mean_that_hides_one_kind():
     assert skill.met(caught_up)
     unknown_kinds = dataclasses.replace(seed2, answer_copy_by_fact={})
     assert unknown_kinds.least_fact_copy == seed2.answer_copy, "without kinds the floor reads the mean"
+
+
+def test_a_guess_trains_the_choice_to_answer_not_the_wrong_fact(synth_records, tiny_model_dir):
+    """``--no-train-guessed-facts``: a trajectory whose answer is not the gold (a scripted guess) keeps the tokens up
+    to the decision in the loss and loses the guessed fact; a good search keeps its whole answer. The guesses are
+    found by exact match against each record's gold."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlinf_search.data.prompt_tokens import PromptTokenizer
+    from toolkits.sft_warmstart import wrong_answers
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = PromptTokenizer(tokenizer)
+    records = synth_records[:2]
+    good, guess = (_scripted(records[0], tokenizer, prompts, search=True),
+                   _scripted(records[1], tokenizer, prompts, search=False))
+    for trajectory in (good, guess):
+        trajectory.response_text = tokenizer.decode(trajectory.response_ids)
+    assert records[1].golden_answers[0] != "Paris"
+    assert wrong_answers([good, guess], records) == frozenset({1})
+    position = decision_position(tokenizer)
+    _, _, whole = sft_batch([good, guess], tokenizer.pad_token_id)
+    ids, _, labels = sft_batch([good, guess], tokenizer.pad_token_id, decision_only=[False, True], decision=position)
+    assert torch.equal(labels[0], whole[0]), "a good search's answer is trained whole"
+    start = len(guess.prompt_ids)
+    trained = (labels[1] != -100).nonzero().flatten().tolist()
+    assert trained == list(range(start, start + position + 1)), "the guess: its opening up to the decision only"
+    assert (whole[1] != -100).sum() > len(trained)

@@ -32,6 +32,8 @@ from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
 from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prompt_tokens import PromptTokenizer
+from rlinf_search.rewards.normalize import exact_match
+from rlinf_search.rewards.tags import last_answer
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
@@ -126,6 +128,12 @@ def _collect_all(records: list[QARecord], val_records: list[QARecord], scripts: 
     return good, mixed, probed
 
 
+def wrong_answers(trajectories: list[Trajectory], records: list[QARecord]) -> frozenset[int]:
+    """Indices of the trajectories whose final answer is not an exact match of their record's gold (the guesses)."""
+    return frozenset(i for i, (trajectory, record) in enumerate(zip(trajectories, records, strict=True))
+                     if not exact_match(last_answer(trajectory.response_text) or "", record.golden_answers))
+
+
 def goals(args) -> tuple[StageGoal | None, StageGoal | None]:
     """The skill stage's goal (it copies the name into its query and the answer out of the passages) and the mix
     stage's (its chance of searching first inside the band, greedy decoding guessing nearly everywhere)."""
@@ -165,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="skill stage: answer copy every kind of fact must reach too (0: none). The mix stage "
                              "erodes the weakest kind most: toolcall seed 2 met the mean goal with profession at "
                              "0.66, which the mix took to 0.29 and the mean under the mix floor (docs/results.md)")
+    parser.add_argument("--train-guessed-facts", action=argparse.BooleanOptionalAction, default=True,
+                        help="mix stage: train a guess's answer whole (the default), or, with --no-train-guessed-facts, "
+                             "only up to its deciding token: the stage then sets how often to guess without teaching "
+                             "wrong facts, which wore the least-copied kind down on toolcall seed 2 (docs/results.md)")
     parser.add_argument("--mix-answer-copy-floor", type=float, default=0.8,
                         help="mix stage: the answer copying it must keep while it mostly trains guesses")
     parser.add_argument("--search-band", type=float, nargs=2, default=(0.1, 0.4), metavar=("LOW", "HIGH"),
@@ -248,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
               SFTStage("skill", good, args.skill_steps, trains_decision=early, goal=skill_goal,
                        check_every=args.check_every,
                        facts=tuple(question_fact(r.question) for r in records) if args.balance_facts else None),
-              SFTStage("mix", mixed, args.mix_steps, goal=mix_goal, check_every=max(1, args.mix_steps))]
+              SFTStage("mix", mixed, args.mix_steps, goal=mix_goal, check_every=max(1, args.mix_steps),
+                       wrong_answers=frozenset() if args.train_guessed_facts else wrong_answers(
+                           mixed, records * args.trajectories_per_question))]
     config = SFTConfig(batch_size=args.batch_size, lr=args.lr, seed=args.seed, final_stage_decay=args.final_lr_decay)
     probe = random.Random(args.seed).sample(records, min(200, len(records)))
     try:
