@@ -1,5 +1,5 @@
 """The ``access`` tool: open a web page by its URL, as ASearcher's agents do, from a retrieval server's page store
-(``POST /access`` with ``{"urls": [url]}``; a server started with ``--pages FILE``, docs/retrieval.md).
+(``POST /access`` with ``{"urls": [url]}``; a server started with ``--pages FILE``, docs/agents.md).
 
 Settings (``tools.access``): ``server_addr`` (null: ``tools.search.server_addr``, its first replica when it lists
 several), ``max_page_tokens`` (a longer page is cut), ``timeout_s``. A URL the store does not have, a server that
