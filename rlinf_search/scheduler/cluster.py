@@ -140,7 +140,9 @@ class Cluster:
             # turns token auth on (with one warning). Set here, after Ray read its config at import, the
             # driver skips writing the token, the GCS server it spawns finds none and dies, and ray.init
             # times out (tests/test_scheduler.py starts a cluster in a fresh HOME to hold this).
-            ray.init(num_cpus=self.config.num_cpus or os.cpu_count(), include_dashboard=False,
+            # address "local": a Ray of its own, even where another runs on this machine (``ray start``, a test's
+            # cluster); without it ray.init joins that one, and then refuses num_cpus or runs on its nodes.
+            ray.init(address="local", num_cpus=self.config.num_cpus or os.cpu_count(), include_dashboard=False,
                      _node_ip_address=LOOPBACK, log_to_driver=True, runtime_env=runtime_env)
             self._embedded = True
         else:
