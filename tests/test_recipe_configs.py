@@ -56,6 +56,18 @@ def test_fsdp_recipe_validates_with_the_reference_hyper_parameters(data_file):
     assert run.runner.seq_length == 4096 and run.search.topk == 3 and run.search.server_addr == "127.0.0.1:8000"
 
 
+def test_two_node_recipe_spreads_every_group_over_both_nodes_with_a_retrieval_replica_on_each(data_file):
+    cfg = compose_recipe("qwen2.5-3b-tool-fsdp-2node", [f"data.train_data_paths=[{data_file}]",
+                                                        f"data.val_data_paths=[{data_file}]"])
+    run = validate_cfg(cfg)
+    assert run.placement.mode == "collocated" and run.placement.topology.devices_per_node == (8, 8)
+    for group in ("actor", "rollout", "reward"):
+        assert run.placement[group].world_size == 16 and run.placement[group].node_ranks == (0, 1)
+    assert len(run.search.server_addrs) == 2 and run.search.num_workers == 4
+    assert cfg.cluster.address == "auto", "it joins the cluster `ray start` made; it does not start its own"
+    assert run.actor.training_backend == "fsdp" and run.rollout_batch_size == 512 and run.group_size == 5
+
+
 def test_fsdp_recipe_refuses_vllm_sharing_cpu_slots(data_file):
     """Without the GPUs the recipe declares, vLLM (no sleep mode on CPU) cannot time-share with the actor."""
     cfg = compose_recipe(TRAIN_RECIPE, [f"data.train_data_paths=[{data_file}]", "cluster.num_gpus_per_node=null"])

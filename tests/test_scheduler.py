@@ -243,3 +243,38 @@ def test_an_embedded_cluster_starts_in_a_fresh_home(tmp_path):
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "nodes 1" in done.stdout
+
+
+def test_a_ray_joined_without_the_drivers_import_path_is_refused(tmp_path):
+    """A Ray this process started itself, bare, would run workers that cannot import the driver's modules: the
+    Cluster refuses it in one line. Started with ``driver_runtime_env()``, it is used, and a worker whose class
+    lives only on the driver's path runs."""
+    (tmp_path / "only_here.py").write_text(
+        "from rlinf_search.scheduler import Worker\n"
+        "class HereWorker(Worker):\n"
+        "    def where(self):\n"
+        "        return __file__\n")
+    script = (
+        "import sys, ray\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from rlinf_search.scheduler import Cluster, ClusterConfig\n"
+        "from rlinf_search.scheduler.cluster import ClusterError, driver_runtime_env\n"
+        "from only_here import HereWorker\n"
+        "ray.init(num_cpus=1, include_dashboard=False)\n"
+        "try:\n"
+        "    Cluster(ClusterConfig(num_cpus=1))\n"
+        "except ClusterError as exc:\n"
+        "    print('refused:', exc)\n"
+        "ray.shutdown()\n"
+        "ray.init(num_cpus=1, include_dashboard=False, runtime_env=driver_runtime_env())\n"
+        "with Cluster(ClusterConfig(num_cpus=1)) as cluster:\n"
+        "    group = HereWorker.create_group().launch(cluster, '0', name='here')\n"
+        "    print('worker imported', group.call_on(0, 'where').wait())\n"
+        "    group.shutdown()\n"
+        "ray.shutdown()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    refused = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
+    assert len(refused) == 1 and str(tmp_path) in refused[0] and "call ray.shutdown() first" in refused[0]
+    assert f"worker imported {tmp_path / 'only_here.py'}" in done.stdout

@@ -4,6 +4,7 @@ through a real Ray cluster and a real retrieval server."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 import ray
@@ -119,12 +120,17 @@ def scripted_search_engine(config, *, device=None, seed=0):
 
 def test_a_run_searches_through_the_group(two_slot_cluster, hotpot_server, tiny_model_dir):
     """The path a run takes: ``launch_search_group`` hands the group to real rollout ranks, whose agent loops
-    (one process each) then search through it: 4 trajectories on 2 ranks, one request to the server."""
+    (one process each) then search through it: 4 trajectories on 2 ranks, one request answered by the server.
+    The group's client is the replicated one: a second replica that is down costs no query, and the step's
+    metrics count it per replica."""
     from rlinf_search.workers.rollout.config import RolloutConfig
     from rlinf_search.workers.rollout.worker import RolloutWorker
-    from rlinf_search.workers.tool.launch import launch_search_group
+    from rlinf_search.workers.tool.launch import launch_search_group, search_group_metrics
 
-    search = SearchToolConfig(server_addr=hotpot_server.address, topk=1, num_workers=1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{probe.getsockname()[1]}"  # nothing listens there once closed
+    search = SearchToolConfig(server_addr=[hotpot_server.address, down], topk=1, num_workers=1)
     engine = RolloutConfig(backend="tests.test_search_group:scripted_search_engine", model_path=str(tiny_model_dir))
     rollout = RolloutWorker.create_group(engine, AgentLoopConfig(max_turns=2, max_tokens_per_turn=16), search,
                                          0).launch(two_slot_cluster, two_slot_cluster.placement["rollout"],
@@ -144,6 +150,10 @@ def test_a_run_searches_through_the_group(two_slot_cluster, hotpot_server, tiny_
         assert all("Lilu" in t.response_text for t in trajectories)
         [stats] = tools.call(SearchToolWorker.stats).wait(timeout=60)
         assert (stats["calls"], stats["cache_hits"] + stats["shared"], stats["requests"]) == (4, 3, 1)
+        metrics = search_group_metrics(tools)
+        assert metrics[f"search/replica/{hotpot_server.address}/requests"] == 1
+        assert metrics[f"search/replica/{hotpot_server.address}/admitted"] == 1
+        assert metrics[f"search/replica/{down}/failures"] == metrics[f"search/replica/{down}/requests"] <= 1
         tools.shutdown()
     finally:
         rollout.shutdown()

@@ -3,11 +3,31 @@
 #   bash examples/searchr1/launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [extra server args]
 # Then point the trainer at it: tools.search.server_addr=127.0.0.1:8000
 # On GPUs with a wiki-18 e5 Flat index: ... e5 --faiss-gpu   (or --mmap-index to keep RAM free)
+# REPLICAS=N starts N servers of the same index on PORT, PORT+1, ... (one per GPU with --faiss-gpu: server i sees
+# GPU i); the trainer then lists them all: tools.search.server_addr='[127.0.0.1:8000,127.0.0.1:8001]'.
 set -euo pipefail
 INDEX_DIR="${1:?usage: launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [args...]}"
 CORPUS="${2:?usage: launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [args...]}"
 RETRIEVER="${3:-hybrid}"
 shift $(( $# < 3 ? $# : 3 ))
 PY="${PYTHON:-python}"
-exec "$PY" -m rlinf_search.retrieval.server --index-dir "$INDEX_DIR" --corpus "$CORPUS" \
-    --retriever "$RETRIEVER" --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}" --topk "${TOPK:-3}" "$@"
+REPLICAS="${REPLICAS:-1}"
+PORT="${PORT:-8000}"
+serve() {
+    "$PY" -m rlinf_search.retrieval.server --index-dir "$INDEX_DIR" --corpus "$CORPUS" \
+        --retriever "$RETRIEVER" --host "${HOST:-127.0.0.1}" --port "$1" --topk "${TOPK:-3}" "${@:2}"
+}
+if [ "$REPLICAS" -le 1 ]; then
+    serve "$PORT" "$@"
+    exit
+fi
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; wait' EXIT INT TERM
+addrs=()
+for ((i = 0; i < REPLICAS; i++)); do
+    CUDA_VISIBLE_DEVICES="$i" serve $((PORT + i)) "$@" &
+    pids+=($!)
+    addrs+=("${HOST:-127.0.0.1}:$((PORT + i))")
+done
+echo "serving $REPLICAS replicas: tools.search.server_addr='[$(IFS=,; echo "${addrs[*]}")]'"
+wait -n "${pids[@]}"  # the first replica to exit stops the others (the trap), as Ctrl-C does

@@ -141,7 +141,7 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
             max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk, retokenize=retokenize(raw),
             apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
             truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema,
-            tools=extra_tools(raw, protocol=protocol, search_addr=search.server_addr, listed=listed,
+            tools=extra_tools(raw, protocol=protocol, search_addr=search.server_addrs[0], listed=listed,
                               listed_in=section.get("tool_config")))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -121,19 +121,20 @@ class Cluster:
         self.shutdown()
 
     def _connect(self) -> None:
+        runtime_env = driver_runtime_env()
         if ray.is_initialized():
+            # A Ray this process joined before (a notebook's ray.init, a test's fixture) is used only if its
+            # workers can import what the driver can: without the path, they fail later, one group at a time,
+            # on a module they cannot find.
+            missing = _missing_paths(runtime_env, ray.get_runtime_context().runtime_env)
+            if missing:
+                raise ClusterError(
+                    f"this process is already connected to a Ray whose runtime env lacks the driver's import "
+                    f"path ({os.pathsep.join(missing)}), so its workers could not import this run's modules: "
+                    f"call ray.shutdown() first and let Cluster connect, or pass "
+                    f"runtime_env=rlinf_search.scheduler.cluster.driver_runtime_env() to ray.init")
             log.info("cluster: using the Ray this process is already connected to (it stays connected)")
             return
-        # Workers unpickle worker classes by module name, so they need the driver's import path (Ray
-        # adds only the script's folder): pytest's rootdir, a notebook's sys.path.insert. On other
-        # nodes the same paths must hold the code (a shared file system or the same image). Not
-        # JobConfig.code_search_path: it makes Ray import every function from files, and classes
-        # defined in a script's __main__ then never load.
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        # A worker's output reaches the driver's log line by line, never a terminal: Hugging Face's
-        # "Loading weights" / "Writing model shards" bars would be a wall of redraws per worker.
-        quiet = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths), "HF_HUB_DISABLE_PROGRESS_BARS": quiet}}
         if self.config.address is None:
             # Leave RAY_AUTH_MODE alone: unset, ray.init writes ~/.ray/auth_token on a new machine and
             # turns token auth on (with one warning). Set here, after Ray read its config at import, the
@@ -161,6 +162,25 @@ class Cluster:
         per_node = gpus if kind == "cuda" else [self.config.cpu_slots_per_node] * len(self.nodes)
         return Topology(device_kind=kind, devices_per_node=tuple(per_node),
                         node_groups={label: g.nodes for label, g in self.config.node_groups.items()})
+
+
+def driver_runtime_env() -> dict:
+    """The runtime env every worker of a run needs: the driver's import path and a quiet Hugging Face."""
+    # Workers unpickle worker classes by module name, so they need the driver's import path (Ray adds only the
+    # script's folder): pytest's rootdir, a notebook's sys.path.insert. On other nodes the same paths must hold the
+    # code (a shared file system or the same image). Not JobConfig.code_search_path: it makes Ray import every
+    # function from files, and classes defined in a script's __main__ then never load.
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    # A worker's output reaches the driver's log line by line, never a terminal: Hugging Face's
+    # "Loading weights" / "Writing model shards" bars would be a wall of redraws per worker.
+    quiet = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(paths), "HF_HUB_DISABLE_PROGRESS_BARS": quiet}}
+
+
+def _missing_paths(needed: dict, joined: dict | None) -> list[str]:
+    """The driver's import paths absent from the ``PYTHONPATH`` of the runtime env a Ray was joined with."""
+    have = set(((joined or {}).get("env_vars") or {}).get("PYTHONPATH", "").split(os.pathsep))
+    return [path for path in needed["env_vars"]["PYTHONPATH"].split(os.pathsep) if path not in have]
 
 
 def _select_nodes(num_nodes: int, *, address: str | None) -> list[NodeInfo]:

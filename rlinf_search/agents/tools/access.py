@@ -1,9 +1,10 @@
 """The ``access`` tool: open a web page by its URL, as ASearcher's agents do, from a retrieval server's page store
-(``POST /access`` with ``{"urls": [url]}``; a server started with ``--pages FILE``, docs/retrieval.md).
+(``POST /access`` with ``{"urls": [url]}``; a server started with ``--pages FILE``, docs/agents.md).
 
-Settings (``tools.access``): ``server_addr`` (null: ``tools.search.server_addr``), ``max_page_tokens`` (a longer
-page is cut), ``timeout_s``. A URL the store does not have, a server that fails and a call without a URL each
-come back to the model as one line, and are counted (``not_found``, ``backend``, ``arguments``).
+Settings (``tools.access``): ``server_addr`` (null: ``tools.search.server_addr``, its first replica when it lists
+several), ``max_page_tokens`` (a longer page is cut), ``timeout_s``. A URL the store does not have, a server that
+fails and a call without a URL each come back to the model as one line, and are counted (``not_found``,
+``backend``, ``arguments``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class AccessTool:
     schema = ACCESS_SCHEMA
     error_kinds = ("arguments", "not_found", "backend")
     reads_server = True
-    """``server_addr`` defaults to ``tools.search.server_addr`` (the retrieval server serves the pages too)."""
+    """``server_addr`` defaults to ``tools.search.server_addr`` (the retrieval server serves the pages too; the first
+    replica of several)."""
 
     @classmethod
     def check(cls, settings: dict) -> dict:

@@ -15,8 +15,15 @@ class SearchToolConfig:
     backend: str = "local"
     """``local`` (a Search-R1-compatible retrieval server), ``serper`` (Google via serper.dev),
     ``inprocess`` (a retriever loaded in this process), or ``package.module:factory`` for your own."""
-    server_addr: str = "127.0.0.1:8000"
-    """``host:port`` of the retrieval server for ``local``; Search-R1's launcher listens on 8000."""
+    server_addr: str | tuple[str, ...] = "127.0.0.1:8000"
+    """``host:port`` of the retrieval server for ``local`` (Search-R1's launcher listens on 8000), or a list of
+    replicas serving the same index: each request goes to the one with the fewest in flight, and moves on
+    when one fails (``tools/search/replicas.py``)."""
+    replica_eject_after: int = 2
+    """With several replicas: failed requests in a row (unreachable, timed out, 5xx) after which one is set
+    aside until its health probe passes."""
+    replica_probe_interval_s: float = 5.0
+    """With several replicas: seconds between ``GET /health`` probes of a set-aside one."""
     topk: int = 3
     """Passages per query when the caller gives none; the Search-R1 paper uses 3."""
     timeout_s: float = 30.0
@@ -70,7 +77,15 @@ class SearchToolConfig:
         """Build from the ``tools.search`` section; a null value means the field's default."""
         return section_to(cls, section, key="tools.search")
 
+    @property
+    def server_addrs(self) -> tuple[str, ...]:
+        """``server_addr`` as a tuple of replicas (one for a single server)."""
+        return (self.server_addr,) if isinstance(self.server_addr, str) else self.server_addr
+
     def __post_init__(self) -> None:
+        if not isinstance(self.server_addr, str):
+            # A YAML list (or OmegaConf's ListConfig) becomes a tuple: the config stays hashable and frozen.
+            object.__setattr__(self, "server_addr", tuple(self.server_addr))
         self._check_backend()
         self._check_numbers()
         self._check_backend_fields()
@@ -83,6 +98,8 @@ class SearchToolConfig:
 
     def _check_numbers(self) -> None:
         positive = {"topk": self.topk, "timeout_s": self.timeout_s, "deadline_s": self.deadline_s,
+                    "replica_eject_after": self.replica_eject_after,
+                    "replica_probe_interval_s": self.replica_probe_interval_s,
                     "max_concurrency": self.max_concurrency, "max_batch": self.max_batch}
         for name, value in positive.items():
             if not value > 0:
@@ -102,9 +119,14 @@ class SearchToolConfig:
 
     def _check_backend_fields(self) -> None:
         if self.backend == "local":
-            host, sep, port = self.server_addr.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"tools.search.server_addr must be 'host:port', got {self.server_addr!r}")
+            if not self.server_addrs:
+                raise ValueError("tools.search.server_addr is an empty list; give 'host:port' or a list of them")
+            for addr in self.server_addrs:
+                host, sep, port = str(addr).rpartition(":")
+                if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise ValueError(f"tools.search.server_addr must be 'host:port' or a list of them, got {addr!r}")
+            if len(set(self.server_addrs)) != len(self.server_addrs):
+                raise ValueError(f"tools.search.server_addr lists a replica twice: {list(self.server_addrs)}")
         if self.backend == "serper" and not self.serper_url.startswith(("http://", "https://")):
             raise ValueError(f"tools.search.serper_url must be an http(s) URL, got {self.serper_url!r}")
         if self.backend == "inprocess":

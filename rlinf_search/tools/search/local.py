@@ -1,18 +1,28 @@
 """The ``local`` backend: any Search-R1-compatible retrieval server (ours, Search-R1's, RLinf's, ASearcher's).
 
 ``POST http://{server_addr}/retrieve`` with ``{"queries": [...], "topk": k, "return_scores": true}``
-answers ``{"result": [[hit, ...] per query]}``, where a hit is ``{"document": {...}, "score": s}``
+(to one of several replicas when ``server_addr`` lists them: ``replicas.py``) answers ``{"result": [[hit, ...] per query]}``, where a hit is ``{"document": {...}, "score": s}``
 or, from servers that ignore ``return_scores``, the document itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import httpx
 
 from rlinf_search.retrieval.corpus import split_contents
 from rlinf_search.tools.search.base import SearchHit
 from rlinf_search.tools.search.config import SearchToolConfig
-from rlinf_search.tools.search.transport import FinalBackendError, make_http_client, one_line, post_json
+from rlinf_search.tools.search.replicas import ReplicaSet
+from rlinf_search.tools.search.transport import (
+    FinalBackendError,
+    TransientBackendError,
+    make_http_client,
+    one_line,
+    post_json,
+)
 
 
 def parse_document(item: Any) -> SearchHit:
@@ -49,30 +59,68 @@ def parse_retrieve_response(body: Any, num_queries: int, topk: int) -> list[list
 
 
 class LocalRetrievalBackend:
-    """Batched HTTP client of a retrieval server, over one pooled ``httpx.AsyncClient``."""
+    """Batched HTTP client of one retrieval server or several replicas (``replicas.py``), over one pooled
+    ``httpx.AsyncClient``."""
 
     batched = True
 
-    def __init__(self, server_addr: str, *, max_connections: int):
-        self.target = server_addr
-        self._url = f"http://{server_addr}/retrieve"
+    def __init__(self, server_addrs: str | tuple[str, ...], *, max_connections: int, eject_after: int = 2,
+                 probe_interval_s: float = 5.0):
+        addrs = (server_addrs,) if isinstance(server_addrs, str) else tuple(server_addrs)
+        self.target = ",".join(addrs)
         # trust_env off: the server is on loopback or the cluster network, and a proxy set for
         # outside traffic (HTTP_PROXY) would otherwise swallow these requests.
         self._http = make_http_client(max_connections, trust_env=False)
+        self.replicas = ReplicaSet(addrs, eject_after=eject_after, probe_interval_s=probe_interval_s,
+                                   probe=self._healthy)
 
     def __repr__(self) -> str:
         return f"LocalRetrievalBackend(target={self.target!r})"
 
     async def fetch(self, queries: list[str], topk: int, timeout_s: float) -> list[list[SearchHit]]:
-        """One ``POST /retrieve`` for all ``queries``."""
+        """One ``POST /retrieve`` for all ``queries``, moved to another replica while one fails."""
         payload = {"queries": queries, "topk": topk, "return_scores": True}
-        body = await post_json(self._http, self._url, payload, timeout_s=timeout_s)
-        return parse_retrieve_response(body, len(queries), topk)
+        tried: set[str] = set()
+        failure: TransientBackendError | None = None
+        while (replica := self.replicas.choose(tried)) is not None:
+            tried.add(replica.addr)
+            replica.requests += 1
+            replica.in_flight += 1
+            try:
+                body = await post_json(self._http, f"http://{replica.addr}/retrieve", payload, timeout_s=timeout_s)
+            except TransientBackendError as exc:
+                self.replicas.failed(replica, str(exc))
+                failure = exc
+                continue
+            except asyncio.CancelledError:
+                # The attempt's time limit ran out waiting on this replica: a failure of this replica.
+                self.replicas.failed(replica, "no answer within the attempt's time limit")
+                raise
+            finally:
+                replica.in_flight -= 1
+            self.replicas.answered(replica)
+            return parse_retrieve_response(body, len(queries), topk)
+        assert failure is not None  # choose() offers every replica once, so at least one attempt was made
+        raise failure
+
+    def replica_metrics(self) -> dict[str, dict[str, int]]:
+        """Requests, failures, ejections, in-flight requests and admission per replica address."""
+        return self.replicas.snapshot()
+
+    async def _healthy(self, addr: str) -> bool:
+        try:
+            response = await self._http.get(f"http://{addr}/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
 
     async def aclose(self) -> None:
+        await self.replicas.aclose()
         await self._http.aclose()
 
 
 def build_local_backend(config: SearchToolConfig) -> LocalRetrievalBackend:
     """Registry factory for ``backend: local``."""
-    return LocalRetrievalBackend(config.server_addr, max_connections=config.max_concurrency)
+    return LocalRetrievalBackend(config.server_addrs, max_connections=config.max_concurrency,
+                                 eject_after=config.replica_eject_after,
+                                 probe_interval_s=config.replica_probe_interval_s)

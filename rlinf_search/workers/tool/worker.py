@@ -48,8 +48,15 @@ class SearchToolWorker(Worker):
         return await self._ensure_client().search(query, topk)
 
     async def stats(self) -> dict[str, float | int]:
-        """This rank's client counters (calls, cache hits, requests sent, latency percentiles)."""
-        return self._ensure_client().metrics.snapshot()
+        """This rank's client counters (calls, cache hits, requests sent, latency percentiles), and with several
+        retrieval replicas each one's as ``replica/<host:port>/<counter>``."""
+        client = self._ensure_client()
+        replicas = getattr(client.backend, "replica_metrics", dict)()
+        if len(replicas) < 2:
+            replicas = {}  # one server: its counters are the client's
+        return {**client.metrics.snapshot(),
+                **{f"replica/{addr}/{name}": value for addr, counters in replicas.items()
+                   for name, value in counters.items()}}
 
     async def aclose(self) -> None:
         """Close the client (queued queries fail with a 'closed' error); the next call opens a new one."""
