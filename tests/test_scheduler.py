@@ -278,3 +278,14 @@ def test_a_ray_joined_without_the_drivers_import_path_is_refused(tmp_path):
     refused = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
     assert len(refused) == 1 and str(tmp_path) in refused[0] and "call ray.shutdown() first" in refused[0]
     assert f"worker imported {tmp_path / 'only_here.py'}" in done.stdout
+
+
+def test_the_import_path_check_asks_only_for_the_drivers_own_folders(tmp_path):
+    """The interpreter's folders (standard library, site-packages) are every worker's already; a runtime env that
+    ships code itself (working_dir, py_modules) needs no path."""
+    from rlinf_search.scheduler.cluster import _missing_paths
+
+    needed = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.dirname(os.__file__)])}}
+    assert _missing_paths(needed, {}) == [str(tmp_path)], "the standard library is never asked for"
+    assert _missing_paths(needed, {"env_vars": {"PYTHONPATH": str(tmp_path)}}) == []
+    assert _missing_paths(needed, {"working_dir": "/srv/job"}) == []

@@ -153,7 +153,8 @@ def test_a_run_searches_through_the_group(two_slot_cluster, hotpot_server, tiny_
         metrics = search_group_metrics(tools)
         assert metrics[f"search/replica/{hotpot_server.address}/requests"] == 1
         assert metrics[f"search/replica/{hotpot_server.address}/admitted"] == 1
-        assert metrics[f"search/replica/{down}/failures"] == metrics[f"search/replica/{down}/requests"] <= 1
+        # Idle replicas take turns, so the first request tried the one that is down, then moved on.
+        assert metrics[f"search/replica/{down}/failures"] == metrics[f"search/replica/{down}/requests"] == 1
         tools.shutdown()
     finally:
         rollout.shutdown()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 
 import pytest
 
@@ -24,9 +26,11 @@ def _server_args(index_dir, corpus, *extra: str) -> list[str]:
 
 
 def _config(addrs: list[str], **changes) -> SearchToolConfig:
-    # No cache and no coalescing: every query is a request of its own, so the load really spreads.
-    return SearchToolConfig(server_addr=addrs, cache_size=0, max_batch=1, max_concurrency=8, timeout_s=5.0,
-                            deadline_s=20.0, backoff_base_s=0.05, backoff_max_s=0.2, **changes)
+    # No cache and no coalescing: every query is a request of its own, so the load really spreads. No retries: a
+    # query saved at all was saved by the move to the other replica inside its one attempt.
+    settings = dict(server_addr=addrs, cache_size=0, max_batch=1, max_concurrency=8, timeout_s=5.0, deadline_s=20.0,
+                    max_retries=0)
+    return SearchToolConfig(**{**settings, **changes})
 
 
 def test_a_replica_killed_mid_batch_loses_no_query_and_is_admitted_again_once_back(hotpot_index_dir, hotpot_corpus):
@@ -71,6 +75,33 @@ def test_a_replica_killed_mid_batch_loses_no_query_and_is_admitted_again_once_ba
     assert survivor["failures"] == 0 and survivor["requests"] > killed["requests"] - killed["failures"]
     assert all(o.error is None for o in later)
     assert after[addrs[0]]["admitted"] == 1 and after[addrs[0]]["requests"] > before, "admitted again, and used"
+
+
+def test_a_hung_replica_costs_each_request_its_time_limit_once_then_is_set_aside(hotpot_index_dir, hotpot_corpus):
+    """A replica that accepts connections and never answers (stopped, as a wedged process is): each request waiting on
+    it moves to the other after ``timeout_s``, inside its one attempt, and after two such failures it gets no more."""
+    questions = _questions(12)
+    with RetrievalServerProcess(_server_args(hotpot_index_dir, hotpot_corpus)) as hung, \
+            RetrievalServerProcess(_server_args(hotpot_index_dir, hotpot_corpus)) as other:
+        addrs = [hung.address, other.address]
+
+        async def batch():
+            tool = build_search_tool(_config(addrs, timeout_s=1.0, deadline_s=10.0, max_concurrency=2))
+            outcomes = [await tool.search(q) for q in questions]  # one at a time: the routing is predictable
+            metrics = tool.backend.replica_metrics()
+            await tool.aclose()
+            return outcomes, metrics
+
+        os.killpg(hung.process.pid, signal.SIGSTOP)
+        try:
+            outcomes, metrics = asyncio.run(batch())
+        finally:
+            os.killpg(hung.process.pid, signal.SIGCONT)
+    assert [o.error for o in outcomes] == [None] * len(questions)
+    assert metrics[addrs[0]]["failures"] == metrics[addrs[0]]["requests"] == 2, "two time limits, then set aside"
+    assert metrics[addrs[0]]["admitted"] == 0 and metrics[addrs[1]]["requests"] == len(questions)
+    slow = [o.latency_s for o in outcomes if o.latency_s > 0.9]
+    assert len(slow) == 2, "only the two requests that waited on the hung replica paid its time limit"
 
 
 def test_requests_go_to_the_replica_with_fewest_in_flight_and_move_on_when_one_fails():

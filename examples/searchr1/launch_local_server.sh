@@ -3,6 +3,7 @@
 #   bash examples/searchr1/launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [extra server args]
 # Then point the trainer at it: tools.search.server_addr=127.0.0.1:8000
 # On GPUs with a wiki-18 e5 Flat index: ... e5 --faiss-gpu   (or --mmap-index to keep RAM free)
+# HOST=0.0.0.0 serves other machines too (a multi-node run's other nodes); the default listens on loopback only.
 # REPLICAS=N starts N servers of the same index on PORT, PORT+1, ... (one per GPU with --faiss-gpu: server i sees
 # GPU i); the trainer then lists them all: tools.search.server_addr='[127.0.0.1:8000,127.0.0.1:8001]'.
 set -euo pipefail
@@ -18,8 +19,8 @@ serve() {
         --retriever "$RETRIEVER" --host "${HOST:-127.0.0.1}" --port "$1" --topk "${TOPK:-3}" "${@:2}"
 }
 if [ "$REPLICAS" -le 1 ]; then
-    serve "$PORT" "$@"
-    exit
+    exec "$PY" -m rlinf_search.retrieval.server --index-dir "$INDEX_DIR" --corpus "$CORPUS" \
+        --retriever "$RETRIEVER" --host "${HOST:-127.0.0.1}" --port "$PORT" --topk "${TOPK:-3}" "$@"
 fi
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait' EXIT INT TERM

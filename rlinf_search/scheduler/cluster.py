@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import site
 import socket
 import sys
+import sysconfig
 from dataclasses import dataclass
 
 import ray
@@ -136,6 +138,9 @@ class Cluster:
             log.info("cluster: using the Ray this process is already connected to (it stays connected)")
             return
         if self.config.address is None:
+            if os.environ.get("RAY_ADDRESS"):
+                log.warning("cluster: RAY_ADDRESS=%s is set but cluster.address is null, so this run starts a Ray "
+                            "of its own; set cluster.address to join that one", os.environ["RAY_ADDRESS"])
             # Leave RAY_AUTH_MODE alone: unset, ray.init writes ~/.ray/auth_token on a new machine and
             # turns token auth on (with one warning). Set here, after Ray read its config at import, the
             # driver skips writing the token, the GCS server it spawns finds none and dies, and ray.init
@@ -178,9 +183,21 @@ def driver_runtime_env() -> dict:
 
 
 def _missing_paths(needed: dict, joined: dict | None) -> list[str]:
-    """The driver's import paths absent from the ``PYTHONPATH`` of the runtime env a Ray was joined with."""
-    have = set(((joined or {}).get("env_vars") or {}).get("PYTHONPATH", "").split(os.pathsep))
-    return [path for path in needed["env_vars"]["PYTHONPATH"].split(os.pathsep) if path not in have]
+    """The driver's own import paths (not the interpreter's: its standard library and site-packages, which every
+    worker has) absent from the ``PYTHONPATH`` of the runtime env a Ray was joined with. None are missing when
+    that env ships code itself (``working_dir``, ``py_modules``)."""
+    joined = dict(joined or {})
+    if joined.get("working_dir") or joined.get("py_modules"):
+        return []
+    have = set((joined.get("env_vars") or {}).get("PYTHONPATH", "").split(os.pathsep))
+    libraries = [sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    interpreter = {os.path.realpath(p) for p in (*libraries, *site.getsitepackages(), site.getusersitepackages()) if p}
+    return [path for path in needed["env_vars"]["PYTHONPATH"].split(os.pathsep)
+            if path not in have and not _inside(os.path.realpath(path), interpreter)]
+
+
+def _inside(path: str, roots: set[str]) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in roots)
 
 
 def _select_nodes(num_nodes: int, *, address: str | None) -> list[NodeInfo]:

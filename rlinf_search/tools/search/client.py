@@ -203,7 +203,9 @@ class SearchClient:
 
 
 def search_retry_policy(config: SearchToolConfig) -> RetryPolicy:
-    """``tools.search``'s limits as the shared retry policy."""
-    return RetryPolicy(timeout_s=config.timeout_s, max_retries=config.max_retries,
+    """``tools.search``'s limits as the shared retry policy. With several replicas one attempt may try each of them
+    once, each within ``timeout_s``, so the attempt's own limit covers them all."""
+    replicas = len(config.server_addrs) if config.backend == "local" else 1
+    return RetryPolicy(timeout_s=config.timeout_s * replicas, max_retries=config.max_retries,
                        backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s,
                        max_concurrency=config.max_concurrency, rate_limit_per_s=config.rate_limit_per_s)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from rlinf_search.typed_section import section_to
 
@@ -27,7 +28,7 @@ class SearchToolConfig:
     topk: int = 3
     """Passages per query when the caller gives none; the Search-R1 paper uses 3."""
     timeout_s: float = 30.0
-    """Limit on one HTTP attempt. An e5 server batching a few hundred queries answers in seconds,
+    """Limit on one HTTP attempt (with several replicas, on each replica an attempt tries). An e5 server batching a few hundred queries answers in seconds,
     so this only catches a server that has stopped answering."""
     deadline_s: float = 90.0
     """Limit on one ``search()`` call, retries and waits included: past it the rollout gets an
@@ -85,6 +86,9 @@ class SearchToolConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.server_addr, str):
             # A YAML list (or OmegaConf's ListConfig) becomes a tuple: the config stays hashable and frozen.
+            if isinstance(self.server_addr, (Mapping, bytes)) or not isinstance(self.server_addr, Iterable):
+                raise ValueError(f"tools.search.server_addr must be 'host:port' or a list of them, got "
+                                 f"{type(self.server_addr).__name__} {self.server_addr!r}")
             object.__setattr__(self, "server_addr", tuple(self.server_addr))
         self._check_backend()
         self._check_numbers()
@@ -97,6 +101,9 @@ class SearchToolConfig:
         SEARCH_BACKENDS.resolve(self.backend, key="tools.search.backend")
 
     def _check_numbers(self) -> None:
+        if isinstance(self.replica_eject_after, bool) or not isinstance(self.replica_eject_after, int):
+            raise ValueError(f"tools.search.replica_eject_after must be a whole number of failures, got "
+                             f"{self.replica_eject_after!r}")
         positive = {"topk": self.topk, "timeout_s": self.timeout_s, "deadline_s": self.deadline_s,
                     "replica_eject_after": self.replica_eject_after,
                     "replica_probe_interval_s": self.replica_probe_interval_s,
@@ -122,7 +129,7 @@ class SearchToolConfig:
             if not self.server_addrs:
                 raise ValueError("tools.search.server_addr is an empty list; give 'host:port' or a list of them")
             for addr in self.server_addrs:
-                host, sep, port = str(addr).rpartition(":")
+                host, sep, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
                 if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                     raise ValueError(f"tools.search.server_addr must be 'host:port' or a list of them, got {addr!r}")
             if len(set(self.server_addrs)) != len(self.server_addrs):

@@ -1,7 +1,7 @@
 """The ``local`` backend: any Search-R1-compatible retrieval server (ours, Search-R1's, RLinf's, ASearcher's).
 
-``POST http://{server_addr}/retrieve`` with ``{"queries": [...], "topk": k, "return_scores": true}``
-(to one of several replicas when ``server_addr`` lists them: ``replicas.py``) answers ``{"result": [[hit, ...] per query]}``, where a hit is ``{"document": {...}, "score": s}``
+``POST http://{server_addr}/retrieve`` with ``{"queries": [...], "topk": k, "return_scores": true}`` (to one of
+several replicas when ``server_addr`` lists them: ``replicas.py``) answers ``{"result": [[hit, ...] per query]}``, where a hit is ``{"document": {...}, "score": s}``
 or, from servers that ignore ``return_scores``, the document itself.
 """
 
@@ -71,8 +71,10 @@ class LocalRetrievalBackend:
         # trust_env off: the server is on loopback or the cluster network, and a proxy set for
         # outside traffic (HTTP_PROXY) would otherwise swallow these requests.
         self._http = make_http_client(max_connections, trust_env=False)
+        # Probes have a pool of their own: in the requests' pool one could take the slot a request was granted.
+        self._probe_http = make_http_client(2, trust_env=False) if len(addrs) > 1 else None
         self.replicas = ReplicaSet(addrs, eject_after=eject_after, probe_interval_s=probe_interval_s,
-                                   probe=self._healthy)
+                                   probe=self._alive)
 
     def __repr__(self) -> str:
         return f"LocalRetrievalBackend(target={self.target!r})"
@@ -87,15 +89,19 @@ class LocalRetrievalBackend:
             replica.requests += 1
             replica.in_flight += 1
             try:
-                body = await post_json(self._http, f"http://{replica.addr}/retrieve", payload, timeout_s=timeout_s)
+                # Each replica gets its own limit, so a hung one leaves time for the next (the client's attempt
+                # limit covers every replica once: search_retry_policy).
+                async with asyncio.timeout(timeout_s):
+                    body = await post_json(self._http, f"http://{replica.addr}/retrieve", payload,
+                                           timeout_s=timeout_s)
+            except TimeoutError:
+                failure = TransientBackendError("timed out", f"no answer in {timeout_s:g} s")
+                self.replicas.failed(replica, str(failure))
+                continue
             except TransientBackendError as exc:
                 self.replicas.failed(replica, str(exc))
                 failure = exc
                 continue
-            except asyncio.CancelledError:
-                # The attempt's time limit ran out waiting on this replica: a failure of this replica.
-                self.replicas.failed(replica, "no answer within the attempt's time limit")
-                raise
             finally:
                 replica.in_flight -= 1
             self.replicas.answered(replica)
@@ -107,16 +113,20 @@ class LocalRetrievalBackend:
         """Requests, failures, ejections, in-flight requests and admission per replica address."""
         return self.replicas.snapshot()
 
-    async def _healthy(self, addr: str) -> bool:
+    async def _alive(self, addr: str) -> bool:
+        """``GET /health`` answered below 500: ours answers 200; servers without the route (RLinf's and
+        Search-R1's serve only ``/retrieve``) answer 404, which still says the process is up and serving."""
         try:
-            response = await self._http.get(f"http://{addr}/health", timeout=5.0)
+            response = await self._probe_http.get(f"http://{addr}/health", timeout=5.0)
         except httpx.HTTPError:
             return False
-        return response.status_code == 200
+        return response.status_code < 500
 
     async def aclose(self) -> None:
         await self.replicas.aclose()
         await self._http.aclose()
+        if self._probe_http is not None:
+            await self._probe_http.aclose()
 
 
 def build_local_backend(config: SearchToolConfig) -> LocalRetrievalBackend:

@@ -29,7 +29,9 @@ class SearchMetrics:
     shared: int = 0
     """Calls that joined an identical query already in flight instead of sending their own."""
     requests: int = 0
-    """Backend requests sent, each retry counted (HTTP POSTs; retriever calls for ``inprocess``)."""
+    """Backend requests sent, each retry counted (HTTP POSTs; retriever calls for ``inprocess``). With several
+    replicas, a request moved to another replica inside one attempt counts once here; each replica counts its own
+    (``LocalRetrievalBackend.replica_metrics``)."""
     queries_sent: int = 0
     """Queries carried by those requests; ``queries_sent / requests`` is the mean batch size."""
     failures: int = 0

@@ -3,9 +3,11 @@
 ``tools.search.server_addr`` may list several ``host:port`` replicas of one index (or one per GPU of a faiss
 server). Each request goes to the admitted replica with the fewest requests in flight. A replica that fails
 ``replica_eject_after`` requests in a row (connection refused, timeout, 5xx) is ejected: requests skip it, and
-after ``replica_probe_interval_s`` a ``GET /health`` decides whether it is admitted again. A request whose
-replica fails moves at once to the next untried one, so one server dying loses no query; when every admitted
-replica has failed it, the ejected ones are tried too, since a request sent somewhere beats none.
+once ``replica_probe_interval_s`` has passed, the next request starts a ``GET /health`` probe that decides whether
+it is admitted again (an answer below 500 does: servers without the route say 404). A request whose replica fails
+moves at once to the next untried one, each with its own time limit, so one server dying or hanging loses no
+query; when every admitted replica has failed it, the ejected ones are tried too, since a request sent somewhere
+beats none.
 """
 
 from __future__ import annotations
