@@ -491,6 +491,7 @@ def test_a_guess_trains_the_choice_to_answer_not_the_wrong_fact(synth_records, t
         trajectory.response_text = tokenizer.decode(trajectory.response_ids)
     assert records[1].golden_answers[0] != "Paris"
     assert wrong_answers([good, guess], records) == frozenset({1})
+    assert wrong_answers([guess, good], records) == frozenset({0}), "found by uid, not by order"
     position = decision_position(tokenizer)
     _, _, whole = sft_batch([good, guess], tokenizer.pad_token_id)
     ids, _, labels = sft_batch([good, guess], tokenizer.pad_token_id, decision_only=[False, True], decision=position)

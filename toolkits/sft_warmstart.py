@@ -129,9 +129,11 @@ def _collect_all(records: list[QARecord], val_records: list[QARecord], scripts: 
 
 
 def wrong_answers(trajectories: list[Trajectory], records: list[QARecord]) -> frozenset[int]:
-    """Indices of the trajectories whose final answer is not an exact match of their record's gold (the guesses)."""
-    return frozenset(i for i, (trajectory, record) in enumerate(zip(trajectories, records, strict=True))
-                     if not exact_match(last_answer(trajectory.response_text) or "", record.golden_answers))
+    """Indices of the trajectories whose final answer is not an exact match of their record's gold (the guesses);
+    a trajectory finds its record by uid."""
+    golds = {record.uid: record.golden_answers for record in records}
+    return frozenset(i for i, trajectory in enumerate(trajectories)
+                     if not exact_match(last_answer(trajectory.response_text) or "", golds[trajectory.uid]))
 
 
 def goals(args) -> tuple[StageGoal | None, StageGoal | None]:
