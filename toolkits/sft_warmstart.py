@@ -32,8 +32,7 @@ from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
 from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.data.prompt_tokens import PromptTokenizer
-from rlinf_search.rewards.normalize import exact_match
-from rlinf_search.rewards.tags import last_answer
+from rlinf_search.rewards.scores import em_reward
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
@@ -129,11 +128,11 @@ def _collect_all(records: list[QARecord], val_records: list[QARecord], scripts: 
 
 
 def wrong_answers(trajectories: list[Trajectory], records: list[QARecord]) -> frozenset[int]:
-    """Indices of the trajectories whose final answer is not an exact match of their record's gold (the guesses);
-    a trajectory finds its record by uid."""
+    """Indices of the trajectories whose final answer scores no exact match against their record's gold (the
+    guesses), graded as the reward grades it; a trajectory finds its record by uid."""
     golds = {record.uid: record.golden_answers for record in records}
     return frozenset(i for i, trajectory in enumerate(trajectories)
-                     if not exact_match(last_answer(trajectory.response_text) or "", golds[trajectory.uid]))
+                     if not em_reward(trajectory.response_text, golds[trajectory.uid]))
 
 
 def goals(args) -> tuple[StageGoal | None, StageGoal | None]:
