@@ -11,12 +11,13 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.progress import progress
+from toolkits.fact_focus import FactFocus, FocusRule
 from toolkits.warmstart_probes import (
     ProbeReading,
     ProbeSet,
@@ -62,6 +63,9 @@ class SFTStage:
     copied (``fact_weights``): the kinds of fact are learned one after another, mostly in sudden jumps, and a
     kind still at zero while the others are copied would otherwise get a quarter of the batches or less.
     None: every trajectory equally likely."""
+    focus: FocusRule | None = None
+    """With ``facts`` and probes: a kind of fact that stays uncopied while the others are copied is then trained alone
+    for a round (``toolkits/fact_focus.py``). None: the draw by kind throughout."""
     trains_queries: bool = True
     """Train on every model turn. False: on the last one only, the answer written after the passages, with the
     queries masked: reading comprehension, which a pretrained LM brings to the task, without what to search
@@ -173,6 +177,8 @@ class StageRecord:
     """Wall time, probe readings included."""
     readings: list[tuple[int, ProbeReading]]
     """(steps into the stage, reading) at every probe check; empty without probes."""
+    focus_changes: list[tuple[int, str]] = field(default_factory=list)
+    """(steps into the stage, what changed) each time a focus round on one kind of fact started or ended."""
 
 
 @dataclass
@@ -211,10 +217,16 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
         if stage.facts is not None and len(stage.facts) != len(stage.trajectories):
             raise ValueError(f"warm-start stage {stage.name!r} has {len(stage.facts)} facts for "
                              f"{len(stage.trajectories)} trajectories")
+        if stage.focus is not None and stage.facts is None:
+            raise ValueError(f"warm-start stage {stage.name!r} has a focus rule but no facts to focus on")
         if stage.goal is not None and probes is None:
             raise ValueError(f"warm-start stage {stage.name!r} has a goal but no probes were given")
     rng = random.Random(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    def fresh_optimizer() -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+    optimizer = fresh_optimizer()
+    warm_from = 0  # the step the lr warm-up counts from: 0, or where a focus round renewed the optimizer
     model.train()
     log = WarmStartLog(losses=[], stages=[])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -228,11 +240,12 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
         # The draw by kind changes only when the probes are read: weights made then, not every step.
         weighted = stage.facts is not None and probes is not None
         weights = fact_weights(stage.facts, last_reading) if weighted else None
+        focus = FactFocus(stage.focus) if weighted and stage.focus is not None else None
         wrong = {id(stage.trajectories[i]) for i in stage.wrong_answers}
         for step in (bar := progress(range(stage.steps), desc=f"sft {stage.name}", unit="step")):
             # Warm up, hold, and over the last stage fall linearly (that stage sets how often the model
             # searches; at full lr its last few batches' share of searches would set it).
-            lr = config.lr * min(1.0, (len(log.losses) + 1) / max(1, config.warmup_steps))
+            lr = config.lr * min(1.0, (len(log.losses) - warm_from + 1) / max(1, config.warmup_steps))
             if final:
                 lr *= 1.0 - config.final_stage_decay * step / stage.steps
             for group in optimizer.param_groups:
@@ -260,10 +273,17 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
             if probes is not None and (record.steps % stage.check_every == 0 or record.steps == stage.steps):
                 reading = last_reading = probes.read(model)
                 record.readings.append((record.steps, reading))
-                if weighted:
-                    weights = fact_weights(stage.facts, reading)
                 met = stage.goal is not None and stage.goal.met(reading)
                 report(f"sft {stage.name} step {record.steps}: {reading}" + (" (goal met)" if met else ""))
+                change = focus.update(record.steps, reading) if focus is not None and not met else None
+                if change:
+                    report(f"sft {stage.name} step {record.steps}: {change}")
+                    record.focus_changes.append((record.steps, change))
+                    if stage.focus.fresh_optimizer:
+                        optimizer, warm_from = fresh_optimizer(), len(log.losses)
+                if weighted:
+                    focused = focus is not None and focus.focus is not None
+                    weights = focus.weights(stage.facts) if focused else fact_weights(stage.facts, reading)
                 if met:
                     break
         record.seconds = time.monotonic() - started

@@ -36,6 +36,7 @@ from rlinf_search.rewards.scores import em_reward
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.tools.search.base import SearchTool
 from rlinf_search.workers.rollout.scripted import ScriptedEngine
+from toolkits.fact_focus import FocusRule
 from toolkits.synth_task import question_fact
 from toolkits.sft_scripts import SEARCHR1_TURNS, BehaviourMix, SyntheticScripts, TurnStyle
 from toolkits.sft_training import (
@@ -206,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--balance-facts", action=argparse.BooleanOptionalAction, default=True,
                         help="skill stage: draw more of the kinds of fact the probes find least copied (without it, "
                              "seed 2 under AVX2 kernels left two kinds uncopied for 1000 steps; docs/results.md)")
+    parser.add_argument("--focus-stalled-fact", action=argparse.BooleanOptionalAction, default=False,
+                        help="skill stage, with --balance-facts: a kind of fact still uncopied after 8 readings in which "
+                             "every other kind is copied is trained alone until it is (toolkits/fact_focus.py; toolcall "
+                             "seed 1 under AVX2 kernels never started copying employer without it; docs/results.md)")
     parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
     parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)
@@ -220,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                              "before issue 12, whose greedy choice sat on a knife's edge; for comparison only)")
     args = parser.parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if args.focus_stalled_fact and not args.balance_facts:
+        print("sft_warmstart: --focus-stalled-fact needs --balance-facts (it focuses on one kind of fact)", file=sys.stderr)
+        return 1
     try:
         mix = BehaviourMix(search=args.search_share, bad_query=args.bad_query_share)
         records = load_records(args.data)
@@ -260,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                        check_every=args.check_every),
               SFTStage("skill", good, args.skill_steps, trains_decision=early, goal=skill_goal,
                        check_every=args.check_every,
-                       facts=tuple(question_fact(r.question) for r in records) if args.balance_facts else None),
+                       facts=tuple(question_fact(r.question) for r in records) if args.balance_facts else None,
+                       focus=FocusRule() if args.focus_stalled_fact and args.balance_facts else None),
               SFTStage("mix", mixed, args.mix_steps, goal=mix_goal, check_every=max(1, args.mix_steps),
                        wrong_answers=frozenset() if args.train_guessed_facts else wrong_answers(
                            mixed, records * args.trajectories_per_question))]
@@ -274,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     (Path(args.out) / "sft_losses.json").write_text(json.dumps({
         "config": vars(args), "losses": log.losses, "search_probabilities": chances,
         "stages": [{"name": st.name, "steps": st.steps, "seconds": round(st.seconds, 1),
-                    "readings": [{"step": step, **dataclasses.asdict(r)} for step, r in st.readings]}
+                    "readings": [{"step": step, **dataclasses.asdict(r)} for step, r in st.readings],
+                    "focus_changes": [{"step": step, "change": change} for step, change in st.focus_changes]}
                    for st in log.stages]}))
     mean = sum(chances) / len(chances)
     greedy = sum(c > 0.5 for c in chances) / len(chances)

@@ -1,6 +1,7 @@
 """Answer copy per kind of fact over a warm start's skill stage, one panel per run, from the warm starts' logs
 (the lines ``sft skill step N: ... answer copy A (born_in x, country y, ...)`` that ``toolkits.sft_warmstart``
-prints; a run that stopped at its cap saves no sft_losses.json, but its log has every reading).
+prints; a run that stopped at its cap saves no sft_losses.json, but its log has every reading). A focus round on one
+kind (``toolkits/fact_focus.py``) is shaded.
 
     python examples/searchr1/warmstart_facts_plot.py --out docs/img/warmstart_facts.png \\
         "4 heads:run_a.log" "8 heads, by kind:run_b.log"
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 _READING = re.compile(r"sft skill step (\d+): query copy ([\d.]+), answer copy [\d.]+ \(([^)]*)\)")
+_FOCUS = re.compile(r"sft skill step (\d+): (?:\w+ copied under .* training on (\w+) questions alone|focus on (\w+) ends)")
 
 
 def readings(log: str) -> tuple[list[int], list[float], dict[str, list[float]]]:
@@ -26,6 +28,17 @@ def readings(log: str) -> tuple[list[int], list[float], dict[str, list[float]]]:
             fact, share = part.rsplit(" ", 1)
             facts.setdefault(fact, []).append(float(share))
     return steps, query, facts
+
+
+def focus_rounds(log: str) -> list[tuple[int, int | None, str]]:
+    """(first step, last step or None if the log ends inside it, kind) of each focus round in a skill stage's log."""
+    rounds: list[tuple[int, int | None, str]] = []
+    for match in _FOCUS.finditer(log):
+        if match[2]:
+            rounds.append((int(match[1]), None, match[2]))
+        elif rounds and rounds[-1][1] is None:
+            rounds[-1] = (rounds[-1][0], int(match[1]), rounds[-1][2])
+    return rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         label, _, path = run.rpartition(":")
         try:
-            steps, query, facts = readings(Path(path).read_text(errors="replace"))
+            text = Path(path).read_text(errors="replace")
+            steps, query, facts = readings(text)
         except OSError as exc:
             print(f"warmstart_facts_plot: {exc}", file=sys.stderr)
             return 1
@@ -50,9 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warmstart_facts_plot: {path} has no skill-stage reading with answer copy per kind of fact",
                   file=sys.stderr)
             return 1
-        panels.append((label or path, steps, query, facts))
+        panels.append((label or path, steps, query, facts, focus_rounds(text)))
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), sharey=True, squeeze=False)
-    for ax, (label, steps, query, facts) in zip(axes[0], panels):
+    for ax, (label, steps, query, facts, rounds) in zip(axes[0], panels):
+        for first, last, fact in rounds:
+            ax.axvspan(first, last if last is not None else steps[-1], color="gold", alpha=0.25, lw=0)
+            ax.text(first, 1.02, f"{fact} alone", fontsize=7)
         for fact, shares in sorted(facts.items()):
             ax.plot(steps, shares, marker=".", label=f"answer copy: {fact}")
         ax.plot(steps, query, "k--", label="query copy")
