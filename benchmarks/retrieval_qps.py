@@ -6,7 +6,9 @@ Builds (or reuses) a minilm index on the HotpotQA-100 corpus, then starts the re
 loopback, once with dynamic batching (the default) and once with ``--no-batching`` (each request
 encoded on its own in the web framework's thread pool, as Search-R1's and RLinf's servers do). For
 each number of concurrent clients it drives one-query requests for a fixed time and records
-queries/s and latency percentiles. Prints a table, writes JSON and a PNG plot.
+queries/s and latency percentiles. Beside them, the server's ceiling: the same retriever searched in-process at
+batch sizes 1-64 (``benchmarks/encoder_ceiling.py``), in the same run on the same cores, its best rate the most a
+server with free HTTP could serve. Prints a table, writes JSON and a PNG plot.
 
 Clients and server share the machine's cores, and so may other jobs: each cell first waits for
 other processes to go idle, records the CPU they used during the cell ("other load"), and is
@@ -20,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -78,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured duration of each cell")
     parser.add_argument("--warmup-seconds", type=float, default=2.0, help="unmeasured load before each cell")
     parser.add_argument("--topk", type=int, default=3, help="passages per query (Search-R1 uses 3)")
+    parser.add_argument("--query-precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="the server's --query-precision, and the ceiling's")
+    parser.add_argument("--ceiling-seconds", type=float, default=3.0,
+                        help="in-process search timed per batch size for the ceiling (0: no ceiling)")
     parser.add_argument("--modes", default="batching,no-batching", help=f"subset of {list(MODES)}")
     parser.add_argument("--server-args", default="",
                         help="extra server flags for the batching mode, e.g. '--batch-window-ms 5 --max-batch 32'")
@@ -230,6 +237,23 @@ def _measure_once(base_url: str, queries: list[str], *, mode: str, clients: int,
     )
 
 
+def measure_ceiling(base_args: list[str], args: argparse.Namespace) -> dict | None:
+    """The retriever's best in-process rate over batch sizes 1-64, measured in a fresh process as the server loads it
+    (``benchmarks/encoder_ceiling.py``), once the machine is quiet."""
+    if args.ceiling_seconds <= 0:
+        return None
+    out = Path(args.work_dir) / "ceiling.json"
+    wait_for_quiet([os.getpid()], args.quiet_wait_s)
+    command = [sys.executable, str(Path(__file__).with_name("encoder_ceiling.py")), *base_args,
+               "--questions", args.questions, "--query-precision", args.query_precision,
+               "--seconds", str(args.ceiling_seconds), "--topk", str(args.topk), "--json-out", str(out)]
+    done = subprocess.run(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"encoder ceiling failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    tqdm.write(done.stdout.rstrip())
+    return json.loads(out.read_text())
+
+
 def run_mode(mode: str, server_args: list[str], queries: list[str], args: argparse.Namespace,
              levels: list[int], bar: tqdm) -> list[CellResult]:
     """Start the server in one mode and measure every concurrency level against it."""
@@ -245,9 +269,11 @@ def run_mode(mode: str, server_args: list[str], queries: list[str], args: argpar
     return results
 
 
-def print_table(results: list[CellResult], levels: list[int]) -> None:
+def print_table(results: list[CellResult], levels: list[int], ceiling: float | None = None) -> None:
     by_key = {(r.mode, r.clients): r for r in results}
-    header = (f"{'clients':>7} | {'batching qps':>12} | {'no-batch qps':>12} | {'ratio':>6} | "
+    if ceiling:
+        print(f"ceiling: {ceiling:.1f} queries/s, the retriever's best in-process rate over batch sizes 1-64")
+    header = (f"{'clients':>7} | {'batching qps':>12} | {'of ceiling':>10} | {'no-batch qps':>12} | {'ratio':>6} | "
               f"{'batching p50/p99 ms':>19} | {'no-batch p50/p99 ms':>19} | {'mean batch':>10} | "
               f"{'other load':>10}")
     print(header)
@@ -255,7 +281,8 @@ def print_table(results: list[CellResult], levels: list[int]) -> None:
     for clients in levels:
         on, off = by_key.get(("batching", clients)), by_key.get(("no-batching", clients))
         ratio = f"{on.qps / off.qps:.2f}x" if on and off and off.qps else "-"
-        print(f"{clients:>7} | {on.qps if on else '-':>12} | {off.qps if off else '-':>12} | {ratio:>6} | "
+        share = f"{on.qps / ceiling:.0%}" if on and ceiling else "-"
+        print(f"{clients:>7} | {on.qps if on else '-':>12} | {share:>10} | {off.qps if off else '-':>12} | {ratio:>6} | "
               f"{_p50_p99(on):>19} | {_p50_p99(off):>19} | {on.mean_batch_size if on else '-':>10} | "
               f"{_other_load(on, off):>10}")
     print("other load: cores used by other processes on the machine during the cell (batching / no-batch)")
@@ -273,8 +300,8 @@ def _p50_p99(result: CellResult | None) -> str:
     return f"{result.p50_ms:.1f} / {result.p99_ms:.1f}" if result else "-"
 
 
-def plot(results: list[CellResult], path: Path, title: str) -> None:
-    """QPS and p99 latency against concurrency, one line per mode."""
+def plot(results: list[CellResult], path: Path, title: str, ceiling: float | None = None) -> None:
+    """QPS and p99 latency against concurrency, one line per mode; the in-process ceiling as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers
@@ -287,6 +314,8 @@ def plot(results: list[CellResult], path: Path, title: str) -> None:
             xs = [r.clients for r in cells]
             ax_qps.plot(xs, [r.qps for r in cells], marker="o", label=mode)
             ax_p99.plot(xs, [r.p99_ms for r in cells], marker="o", label=mode)
+    if ceiling:
+        ax_qps.axhline(ceiling, color="grey", ls="--", label="ceiling (in-process, best batch)")
     levels = sorted({r.clients for r in results})
     for ax, label in ((ax_qps, "queries / s"), (ax_p99, "p99 latency (ms)")):
         ax.set_xscale("log", base=2)
@@ -315,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     ensure_index(corpus_path, index_dir, args.retriever)
     queries = load_questions(Path(args.questions))
     base_args = ["--index-dir", str(index_dir), "--corpus", str(corpus_path), "--retriever", args.retriever]
+    ceiling = measure_ceiling(base_args, args)
+    best = ceiling["best"]["qps"] if ceiling else None
+    base_args += ["--query-precision", args.query_precision]
     results: list[CellResult] = []
     with tqdm(total=len(modes) * len(levels), desc="qps cells", unit="cell", dynamic_ncols=True) as bar:
         for mode in modes:
@@ -322,12 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             results.extend(run_mode(mode, base_args + MODES[mode] + extra, queries, args, levels, bar))
     print(f"\n{args.retriever} on {corpus_path.parent.name}, {args.seconds:.0f} s per cell, "
           f"{os.cpu_count()} CPUs, one query per request, topk {args.topk}")
-    print_table(results, levels)
+    print_table(results, levels, best)
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "cpus": os.cpu_count(),
+    out.write_text(json.dumps({"config": vars(args), "cpus": os.cpu_count(), "ceiling": ceiling,
                                "results": [asdict(r) for r in results]}, indent=2))
-    plot(results, Path(args.plot_out), f"{args.retriever} retrieval server, {os.cpu_count()}-core CPU")
+    plot(results, Path(args.plot_out), f"{args.retriever} retrieval server, {os.cpu_count()}-core CPU", best)
     print(f"wrote {out} and {args.plot_out}")
     return 0
 

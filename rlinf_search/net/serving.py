@@ -98,4 +98,16 @@ def serve_forever(app: FastAPI, sock: socket.socket, *, on_started: Callable[[st
                 write_address(address_file, address)
         await task
 
-    asyncio.run(serve())
+    with asyncio.Runner(loop_factory=_fast_loop_factory()) as runner:
+        runner.run(serve())
+
+
+def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (a dependency on Linux and macOS), else asyncio's own. With uvloop
+    and httptools (which uvicorn picks by itself) the retrieval server's HTTP work per request roughly halves, and
+    that work shares the cores with the encoder (docs/benchmarks.md, section 1)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

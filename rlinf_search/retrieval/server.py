@@ -137,7 +137,8 @@ def create_app(corpus: CorpusStore, retriever: Retriever, *, limits: ServerLimit
         rows, scores = await searcher.search(body.queries, topk)
         result = _format_hits(corpus, rows, scores, body.return_scores)
         metrics.record_request(len(body.queries), time.perf_counter() - started)
-        return {"result": result}
+        # A response, not a dict: FastAPI would walk every passage through jsonable_encoder first.
+        return JSONResponse({"result": result})
 
     @app.post("/access")
     async def access(request: Request):
