@@ -41,8 +41,8 @@ PROTOCOL="${DEMO_PROTOCOL:-searchr1}"
 # call's JSON and the chat frame): seed 2 met the skill goal at step 1400 (docs/results.md, the toolcall seed table).
 # Toolcall's mix stage trains a guess only up to its choice to answer, not the guessed fact: trained whole, guesses wore
 # the least-copied kind down (seed 2: profession 0.66 -> 0.29) and the answer copy under the mix stage's floor.
-# A kind of fact still uncopied 8 readings after every other kind is copied gets trained alone for a round: seed 1
-# under AVX2 kernels never started copying employer otherwise (toolkits/fact_focus.py); the cap leaves room for it.
+# A kind of fact still uncopied for 5 readings while every other kind is mostly copied gets trained alone for a round:
+# seed 1 under AVX2 kernels never started copying employer otherwise (toolkits/fact_focus.py).
 case "$PROTOCOL" in
     searchr1) TEMPLATE=brief; MODEL_ARGS=(--num-heads 8 --num-kv-heads 4); PROTOCOL_ARGS=(); WARMSTART_ARGS=()
               SKILL_STEPS="${SKILL_STEPS:-1000}" ;;

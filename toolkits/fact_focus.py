@@ -7,11 +7,12 @@ toolcall seed 1 under AVX2 kernels it was not: born_in, country and profession w
 company name is one token, and the model answered every employer question with one or two fixed companies, the
 suffix right (docs/results.md).
 
-Trained on employer questions alone from that stuck model, it copied employer at 0.98 within 250 steps, while the
-other kinds fell to near zero (it answered every question with what follows "for"); 50 steps of the usual draw
-then brought every kind back (answer copy 0.94, employer 0.82). So a kind that stays uncopied while the others are
-copied gets a focus round: batches of that kind only, until it is copied or the round's steps run out, then the
-usual draw again.
+Trained on employer questions alone from its step-1000 model, it copied employer at 0.98 within 250-300 steps
+(three runs of three, one with the queries masked), while the other kinds fell to near zero (it answered every
+question with what follows "for"); 50 steps of the usual draw then brought every kind back (answer copy 0.94, employer 0.82). From its step-1400 model
+the same round did not move employer in 400 steps: a stall hardens, so the round must come early. So a kind that
+stays uncopied while the others are mostly copied gets a focus round after a few readings: batches of that kind
+only, from a new optimizer state, until it is copied or the round's steps run out, then the usual draw again.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from toolkits.warmstart_probes import ProbeReading
 class FocusRule:
     """When a kind of fact counts as stalled, and how long it is then trained alone."""
 
-    patience: int = 8
-    """Probe readings in a row the kind must be stalled before its focus round starts. Toolcall seed 0 under AVX2
-    kernels held employer under 0.2 for 7 readings (350 steps) with the other kinds copied and then learned it on its
-    own; 8 leaves that run as it was."""
+    patience: int = 5
+    """Probe readings in a row the kind must be stalled before its focus round starts. A stalled model becomes harder
+    to move: on toolcall seed 1 under AVX2 kernels a round from its step-1000 model copied employer within 250 steps
+    (three runs of three), one from its step-1400 model not in 400. With 5 readings and ``others_at_least`` 0.5 the
+    rule starts a round on two of the six toolcall runs measured (seeds 0, 1 and 2, native and AVX2 kernels): AVX2
+    seed 1 at step 1000 and AVX2 seed 0 at step 400 (which learned employer by itself at 550)."""
     stalled_below: float = 0.2
     """A kind copied below this share of its validation answers is not copied yet."""
-    others_at_least: float = 0.8
+    others_at_least: float = 0.5
     """Stalled only while every other kind is copied at least this well: before that, kinds still start on their
     own, and a focus round would unlearn what the others are picking up."""
     done_at: float = 0.9
@@ -39,12 +42,9 @@ class FocusRule:
     max_steps: int = 400
     """Or at the first reading this many steps into the round, copied or not."""
     fresh_optimizer: bool = True
-    """Start and end the round with a new AdamW state and the lr warm-up again. Measured on that stuck run: with the
-    optimizer state of the 1400 steps before, 300 steps of employer alone left it at 0.02-0.09 (the other kinds fell
-    slowly, 0.94 -> 0.65). From its step-1000 model with a new one (two draw seeds), employer was copied at 0.89 by
-    step 250 and 0.98 by 300.
-    Adam's second moments, built over the stage, keep each step small; a new state's first steps move every weight
-    by about the lr, which is what leaves the plateau."""
+    """Start and end the round with a new AdamW state and the lr warm-up again, as the rounds that worked did (each
+    ran from a saved model, so with a new state). Whether the old state would do as well was not measured from step
+    1000; from step 1400 neither did (old state: employer 0.02-0.09 after 300 steps; new: 0.07 after 400)."""
 
     def __post_init__(self) -> None:
         if self.patience < 1 or self.max_steps < 1:

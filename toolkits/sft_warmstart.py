@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skill stage: draw more of the kinds of fact the probes find least copied (without it, "
                              "seed 2 under AVX2 kernels left two kinds uncopied for 1000 steps; docs/results.md)")
     parser.add_argument("--focus-stalled-fact", action=argparse.BooleanOptionalAction, default=False,
-                        help="skill stage, with --balance-facts: a kind of fact still uncopied after 8 readings in which "
-                             "every other kind is copied is trained alone until it is (toolkits/fact_focus.py; toolcall "
+                        help="skill stage, with --balance-facts: a kind of fact still uncopied after 5 readings in which "
+                             "every other kind is mostly copied is trained alone until it is (toolkits/fact_focus.py; toolcall "
                              "seed 1 under AVX2 kernels never started copying employer without it; docs/results.md)")
     parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
