@@ -33,10 +33,13 @@ import numpy as np
 import psutil
 from tqdm import tqdm
 
-from rlinf_search.retrieval import build_index
-from rlinf_search.retrieval.corpus import CorpusStore
-from rlinf_search.retrieval.launch import RetrievalServerProcess
-from rlinf_search.retrieval.manifest import IndexManifest, IndexMismatchError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.http_load import CLIENTS, drive_load  # noqa: E402
+from rlinf_search.retrieval import build_index  # noqa: E402
+from rlinf_search.retrieval.corpus import CorpusStore  # noqa: E402
+from rlinf_search.retrieval.launch import RetrievalServerProcess  # noqa: E402
+from rlinf_search.retrieval.manifest import IndexManifest, IndexMismatchError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HOTPOT = REPO / "tests" / "data" / "hotpotqa_100"
@@ -68,6 +71,11 @@ class CellResult:
     other_cores: float
     """CPU used by processes other than this benchmark and its server during the cell, in cores;
     the machine is shared, and anything above ~0.1 here means the cell was measured under contention."""
+    server_cores: float
+    """CPU the server process used during the cell, in cores (encoder, event loop, HTTP)."""
+    client_cores: float
+    """CPU the load generator (this process) used during the cell, in cores: taken from the server's share when
+    both run on the same cores."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="the server's --query-precision, and the ceiling's")
     parser.add_argument("--ceiling-seconds", type=float, default=3.0,
                         help="in-process search timed per batch size for the ceiling (0: no ceiling)")
+    parser.add_argument("--client", choices=CLIENTS, default="raw",
+                        help="load generator: raw keep-alive HTTP/1.1 (least CPU taken from the server on shared "
+                             "cores) "
+                             "or httpx (as the search tool); benchmarks/http_load.py")
     parser.add_argument("--modes", default="batching,no-batching", help=f"subset of {list(MODES)}")
     parser.add_argument("--server-args", default="",
                         help="extra server flags for the batching mode, e.g. '--batch-window-ms 5 --max-batch 32'")
@@ -118,45 +130,6 @@ def load_questions(path: Path) -> list[str]:
         return [json.loads(line)["question"] for line in handle if line.strip()]
 
 
-async def _client_loop(client: httpx.AsyncClient, url: str, queries: list[str], *, rng: random.Random,
-                       deadline: float, topk: int, latencies: list[float], errors: list[int]) -> None:
-    """One client: send a one-query request, wait for it, repeat until the deadline."""
-    while time.perf_counter() < deadline:
-        body = {"queries": [rng.choice(queries)], "topk": topk, "return_scores": True}
-        started = time.perf_counter()
-        try:
-            response = await client.post(url, json=body)
-            ok = response.status_code == 200
-        except httpx.HTTPError:
-            ok = False
-        if ok:
-            latencies.append(time.perf_counter() - started)
-        else:
-            errors.append(1)
-
-
-async def drive_load(base_url: str, queries: list[str], *, clients: int, seconds: float, topk: int,
-                     seed: int) -> tuple[list[float], int, float]:
-    """Run ``clients`` concurrent client loops for ``seconds``; return (latencies_s, errors, wall_s)."""
-    latencies: list[float] = []
-    errors: list[int] = []
-    # One connection per client, like separate rollout workers; generous timeout so a slow
-    # reference server shows up as latency, not as errors.
-    timeout = httpx.Timeout(120.0)
-    async_clients = [httpx.AsyncClient(timeout=timeout) for _ in range(clients)]
-    started = time.perf_counter()
-    deadline = started + seconds
-    try:
-        await asyncio.gather(*(
-            _client_loop(c, f"{base_url}/retrieve", queries, rng=random.Random(seed * 1000 + i),
-                         deadline=deadline, topk=topk, latencies=latencies, errors=errors)
-            for i, c in enumerate(async_clients)
-        ))
-    finally:
-        await asyncio.gather(*(c.aclose() for c in async_clients))
-    return latencies, len(errors), time.perf_counter() - started
-
-
 def _batch_totals(base_url: str) -> tuple[int, int]:
     """(batches, queries batched) so far, from the server's batch-size histogram."""
     snapshot = httpx.get(f"{base_url}/metrics", timeout=10.0).json()
@@ -170,6 +143,11 @@ class CpuAccount:
     def __init__(self, own_pids: list[int]):
         self._own = [psutil.Process(pid) for pid in own_pids]
         self._start = self._read()
+        self._each = [sum(p.cpu_times()[:4]) for p in self._own]
+
+    def cores_of(self, index: int) -> float:
+        """Average cores used by the ``index``-th of the given processes since this object was made."""
+        return (sum(self._own[index].cpu_times()[:4]) - self._each[index]) / (time.perf_counter() - self._start[0])
 
     def _read(self) -> tuple[float, float, float]:
         system = psutil.cpu_times()
@@ -217,13 +195,14 @@ def _measure_once(base_url: str, queries: list[str], *, mode: str, clients: int,
     own_pids = [server_pid, os.getpid()]
     wait_for_quiet(own_pids, args.quiet_wait_s)
     asyncio.run(drive_load(base_url, queries, clients=clients, seconds=args.warmup_seconds,
-                           topk=args.topk, seed=args.seed + 99))
+                           topk=args.topk, seed=args.seed + 99, client=args.client))
     # /metrics is cumulative, so the cell's mean batch size comes from the difference.
     batches_before, queries_before = _batch_totals(base_url)
     account = CpuAccount(own_pids)
     latencies, errors, wall = asyncio.run(drive_load(base_url, queries, clients=clients, seconds=args.seconds,
-                                                     topk=args.topk, seed=args.seed))
+                                                     topk=args.topk, seed=args.seed, client=args.client))
     other_cores = account.other_cores()
+    server_cores, client_cores = account.cores_of(0), account.cores_of(1)
     batches_after, queries_after = _batch_totals(base_url)
     batches = batches_after - batches_before
     lat_ms = np.asarray(latencies) * 1000.0
@@ -233,7 +212,7 @@ def _measure_once(base_url: str, queries: list[str], *, mode: str, clients: int,
         p50_ms=round(float(np.percentile(lat_ms, 50)), 2) if lat_ms.size else float("nan"),
         p99_ms=round(float(np.percentile(lat_ms, 99)), 2) if lat_ms.size else float("nan"),
         mean_batch_size=round((queries_after - queries_before) / batches, 2) if batches else 0.0,
-        other_cores=round(other_cores, 2),
+        other_cores=round(other_cores, 2), server_cores=round(server_cores, 2), client_cores=round(client_cores, 2),
     )
 
 
@@ -249,7 +228,8 @@ def measure_ceiling(base_args: list[str], args: argparse.Namespace) -> dict | No
                "--seconds", str(args.ceiling_seconds), "--topk", str(args.topk), "--json-out", str(out)]
     done = subprocess.run(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
     if done.returncode != 0:
-        sys.exit(f"encoder ceiling failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+        sys.exit(f"encoder ceiling failed: {last}")
     tqdm.write(done.stdout.rstrip())
     return json.loads(out.read_text())
 
@@ -269,23 +249,27 @@ def run_mode(mode: str, server_args: list[str], queries: list[str], args: argpar
     return results
 
 
-def print_table(results: list[CellResult], levels: list[int], ceiling: float | None = None) -> None:
+def print_table(results: list[CellResult], levels: list[int], ceilings: list[float] = ()) -> None:
+    ceiling = max(ceilings, default=None)
     by_key = {(r.mode, r.clients): r for r in results}
-    if ceiling:
-        print(f"ceiling: {ceiling:.1f} queries/s, the retriever's best in-process rate over batch sizes 1-64")
+    if ceilings:
+        print(f"ceiling: {max(ceilings):.1f} queries/s, the retriever's best in-process rate over batch sizes 1-64 "
+              f"(measured before and after the cells: {' and '.join(f'{c:.1f}' for c in ceilings)})")
     header = (f"{'clients':>7} | {'batching qps':>12} | {'of ceiling':>10} | {'no-batch qps':>12} | {'ratio':>6} | "
               f"{'batching p50/p99 ms':>19} | {'no-batch p50/p99 ms':>19} | {'mean batch':>10} | "
-              f"{'other load':>10}")
+              f"{'server/client cores':>19} | {'other load':>10}")
     print(header)
     print("-" * len(header))
     for clients in levels:
         on, off = by_key.get(("batching", clients)), by_key.get(("no-batching", clients))
         ratio = f"{on.qps / off.qps:.2f}x" if on and off and off.qps else "-"
         share = f"{on.qps / ceiling:.0%}" if on and ceiling else "-"
-        print(f"{clients:>7} | {on.qps if on else '-':>12} | {share:>10} | {off.qps if off else '-':>12} | {ratio:>6} | "
+        print(f"{clients:>7} | {on.qps if on else '-':>12} | {share:>10} | {off.qps if off else '-':>12} | "
+              f"{ratio:>6} | "
               f"{_p50_p99(on):>19} | {_p50_p99(off):>19} | {on.mean_batch_size if on else '-':>10} | "
-              f"{_other_load(on, off):>10}")
-    print("other load: cores used by other processes on the machine during the cell (batching / no-batch)")
+              f"{_cores(on):>19} | {_other_load(on, off):>10}")
+    print("server/client cores: CPU of the batching server and of the load generator during the cell; other load: "
+          "cores used by other processes on the machine (batching / no-batch)")
     errors = sum(r.errors for r in results)
     if errors:
         print(f"WARNING: {errors} requests failed; see the server logs in the work dir")
@@ -294,6 +278,10 @@ def print_table(results: list[CellResult], levels: list[int], ceiling: float | N
 def _other_load(*cells: CellResult | None) -> str:
     """Cores used by other processes during the two cells of a row, batching / no-batch."""
     return " / ".join(f"{c.other_cores:.2f}" if c else "-" for c in cells)
+
+
+def _cores(result: CellResult | None) -> str:
+    return f"{result.server_cores:.2f} / {result.client_cores:.2f}" if result else "-"
 
 
 def _p50_p99(result: CellResult | None) -> str:
@@ -344,20 +332,24 @@ def main(argv: list[str] | None = None) -> int:
     ensure_index(corpus_path, index_dir, args.retriever)
     queries = load_questions(Path(args.questions))
     base_args = ["--index-dir", str(index_dir), "--corpus", str(corpus_path), "--retriever", args.retriever]
-    ceiling = measure_ceiling(base_args, args)
-    best = ceiling["best"]["qps"] if ceiling else None
-    base_args += ["--query-precision", args.query_precision]
+    # Measured before and after the cells: this machine's speed drifts by 10-25 % over minutes (shared host), and the
+    # share of the ceiling is taken against the higher of the two.
+    ceilings = [measure_ceiling(base_args, args)]
     results: list[CellResult] = []
     with tqdm(total=len(modes) * len(levels), desc="qps cells", unit="cell", dynamic_ncols=True) as bar:
         for mode in modes:
             extra = args.server_args.split() if mode == "batching" else []
-            results.extend(run_mode(mode, base_args + MODES[mode] + extra, queries, args, levels, bar))
+            results.extend(run_mode(mode, base_args + ["--query-precision", args.query_precision] + MODES[mode] + extra,
+                                    queries, args, levels, bar))
+    ceilings.append(measure_ceiling(base_args, args))
+    ceilings = [c for c in ceilings if c]
+    best = max((c["best"]["qps"] for c in ceilings), default=None)
     print(f"\n{args.retriever} on {corpus_path.parent.name}, {args.seconds:.0f} s per cell, "
           f"{os.cpu_count()} CPUs, one query per request, topk {args.topk}")
-    print_table(results, levels, best)
+    print_table(results, levels, [c["best"]["qps"] for c in ceilings])
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "cpus": os.cpu_count(), "ceiling": ceiling,
+    out.write_text(json.dumps({"config": vars(args), "cpus": os.cpu_count(), "ceilings": ceilings,
                                "results": [asdict(r) for r in results]}, indent=2))
     plot(results, Path(args.plot_out), f"{args.retriever} retrieval server, {os.cpu_count()}-core CPU", best)
     print(f"wrote {out} and {args.plot_out}")

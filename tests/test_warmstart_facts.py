@@ -76,7 +76,8 @@ def test_the_facts_plot_reads_the_lines_the_warm_start_prints():
     focus = FactFocus(FocusRule(patience=1))
     stuck = {"born_in": 1.0, "employer": 0.0}
     rounds = [f"sft skill step {step}: {focus.update(step, line_reading)}" for step, line_reading in
-              ((50, ProbeReading(1.0, 0.5, 0.2, 0.0, stuck)), (100, ProbeReading(1.0, 1.0, 0.2, 0.0, {"employer": 1.0})),
+              ((50, ProbeReading(1.0, 0.5, 0.2, 0.0, stuck)),
+               (100, ProbeReading(1.0, 1.0, 0.2, 0.0, {"employer": 1.0})),
                (150, ProbeReading(1.0, 0.5, 0.2, 0.0, stuck)))]
     focused = "\n".join([line("skill", 50, 0.5, stuck), rounds[0], rounds[1], rounds[2]])
     assert module.focus_rounds(focused) == [(50, 100, "employer"), (150, None, "employer")]

@@ -7,12 +7,13 @@ toolcall seed 1 under AVX2 kernels it was not: born_in, country and profession w
 company name is one token, and the model answered every employer question with one or two fixed companies, the
 suffix right (docs/results.md).
 
-Trained on employer questions alone from its step-1000 model, it copied employer at 0.98 within 250-300 steps
-(three runs of three, one with the queries masked), while the other kinds fell to near zero (it answered every
-question with what follows "for"); 50 steps of the usual draw then brought every kind back (answer copy 0.94, employer 0.82). From its step-1400 model
-the same round did not move employer in 400 steps: a stall hardens, so the round must come early. So a kind that
-stays uncopied while the others are mostly copied gets a focus round after a few readings: batches of that kind
-only, from a new optimizer state, until it is copied or the round's steps run out, then the usual draw again.
+Trained on employer questions alone from its step-1000 model, it copied employer at 0.98 within 250-300 steps (three
+runs of three, one with the queries masked), while the other kinds fell to near zero (it answered every question
+with what follows "for"); 50 steps of the usual draw then brought every kind back (answer copy 0.94, employer 0.82).
+From its step-1400 model the same round did not move employer in 400 steps: a stall hardens, so the round must come
+early. So a kind that stays uncopied while the others are mostly copied gets a focus round after a few readings:
+batches of that kind only, from a new optimizer state, until it is copied or the round's steps run out, then the
+usual draw again.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class FactFocus:
             why = "copied" if copied >= rule.done_at else f"its {rule.max_steps} steps are up"
             return f"focus on {ended} ends ({why}: {copied:.2f}); every kind drawn again"
         stalled = self.stalled_kind(reading)
-        self._streak = self._streak + 1 if stalled is not None and stalled == self._stalled else int(stalled is not None)
+        same = stalled is not None and stalled == self._stalled
+        self._streak = self._streak + 1 if same else int(stalled is not None)
         self._stalled = stalled
         if self._streak < rule.patience:
             return None
