@@ -20,6 +20,14 @@ import httpx
 CLIENTS = ("raw", "httpx")
 
 
+def _record(ok: bool, started: float, latencies: list[float], errors: list[int]) -> None:
+    """A completed request's latency, or one error."""
+    if ok:
+        latencies.append(time.perf_counter() - started)
+    else:
+        errors.append(1)
+
+
 def _body(queries: list[str], rng: random.Random, topk: int) -> dict:
     return {"queries": [rng.choice(queries)], "topk": topk, "return_scores": True}
 
@@ -34,7 +42,7 @@ async def _httpx_loop(url: str, queries: list[str], *, rng: random.Random, deadl
                 ok = (await client.post(url, json=_body(queries, rng, topk))).status_code == 200
             except httpx.HTTPError:
                 ok = False
-            (latencies.append(time.perf_counter() - started) if ok else errors.append(1))
+            _record(ok, started, latencies, errors)
 
 
 async def _raw_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes,
@@ -69,7 +77,7 @@ async def _raw_loop(url: str, queries: list[str], *, rng: random.Random, deadlin
                 ok = False
                 writer.close()
                 writer = None  # a broken connection: open a new one
-            (latencies.append(time.perf_counter() - started) if ok else errors.append(1))
+            _record(ok, started, latencies, errors)
     finally:
         if writer is not None:
             writer.close()

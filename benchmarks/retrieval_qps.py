@@ -143,24 +143,24 @@ class CpuAccount:
     def __init__(self, own_pids: list[int]):
         self._own = [psutil.Process(pid) for pid in own_pids]
         self._start = self._read()
-        self._each = [sum(p.cpu_times()[:4]) for p in self._own]
 
-    def cores_of(self, index: int) -> float:
-        """Average cores used by the ``index``-th of the given processes since this object was made."""
-        return (sum(self._own[index].cpu_times()[:4]) - self._each[index]) / (time.perf_counter() - self._start[0])
-
-    def _read(self) -> tuple[float, float, float]:
+    def _read(self) -> tuple[float, float, list[float]]:
         system = psutil.cpu_times()
         # Process time only: interrupt time (loopback networking runs there) belongs to no process.
         busy = system.user + system.nice + system.system
-        own = sum(sum(p.cpu_times()[:4]) for p in self._own)  # user, system, children user/system
-        return time.perf_counter(), busy, own
+        each = [sum(p.cpu_times()[:4]) for p in self._own]  # user, system, children user/system
+        return time.perf_counter(), busy, each
+
+    def cores_of(self, index: int) -> float:
+        """Average cores used by the ``index``-th of the given processes since this object was made."""
+        now, _, each = self._read()
+        return (each[index] - self._start[2][index]) / (now - self._start[0])
 
     def other_cores(self) -> float:
         """Average cores used by other processes since this object was made."""
-        now, busy, own = self._read()
-        wall, busy0, own0 = now - self._start[0], self._start[1], self._start[2]
-        return max(0.0, (busy - busy0) - (own - own0)) / wall
+        now, busy, each = self._read()
+        wall, busy0, each0 = now - self._start[0], self._start[1], self._start[2]
+        return max(0.0, (busy - busy0) - (sum(each) - sum(each0))) / wall
 
 
 def wait_for_quiet(own_pids: list[int], timeout_s: float, *, max_other_cores: float = 0.15) -> None:
@@ -216,7 +216,7 @@ def _measure_once(base_url: str, queries: list[str], *, mode: str, clients: int,
     )
 
 
-def measure_ceiling(base_args: list[str], args: argparse.Namespace) -> dict | None:
+def run_ceiling(base_args: list[str], args: argparse.Namespace) -> dict | None:
     """The retriever's best in-process rate over batch sizes 1-64, measured in a fresh process as the server loads it
     (``benchmarks/encoder_ceiling.py``), once the machine is quiet."""
     if args.ceiling_seconds <= 0:
@@ -252,8 +252,8 @@ def run_mode(mode: str, server_args: list[str], queries: list[str], args: argpar
 def print_table(results: list[CellResult], levels: list[int], ceilings: list[float] = ()) -> None:
     ceiling = max(ceilings, default=None)
     by_key = {(r.mode, r.clients): r for r in results}
-    if ceilings:
-        print(f"ceiling: {max(ceilings):.1f} queries/s, the retriever's best in-process rate over batch sizes 1-64 "
+    if ceiling:
+        print(f"ceiling: {ceiling:.1f} queries/s, the retriever's best in-process rate over batch sizes 1-64 "
               f"(measured before and after the cells: {' and '.join(f'{c:.1f}' for c in ceilings)})")
     header = (f"{'clients':>7} | {'batching qps':>12} | {'of ceiling':>10} | {'no-batch qps':>12} | {'ratio':>6} | "
               f"{'batching p50/p99 ms':>19} | {'no-batch p50/p99 ms':>19} | {'mean batch':>10} | "
@@ -334,24 +334,25 @@ def main(argv: list[str] | None = None) -> int:
     base_args = ["--index-dir", str(index_dir), "--corpus", str(corpus_path), "--retriever", args.retriever]
     # Measured before and after the cells: this machine's speed drifts by 10-25 % over minutes (shared host), and the
     # share of the ceiling is taken against the higher of the two.
-    ceilings = [measure_ceiling(base_args, args)]
+    ceilings = [run_ceiling(base_args, args)]
     results: list[CellResult] = []
     with tqdm(total=len(modes) * len(levels), desc="qps cells", unit="cell", dynamic_ncols=True) as bar:
         for mode in modes:
             extra = args.server_args.split() if mode == "batching" else []
             results.extend(run_mode(mode, base_args + ["--query-precision", args.query_precision] + MODES[mode] + extra,
                                     queries, args, levels, bar))
-    ceilings.append(measure_ceiling(base_args, args))
+    ceilings.append(run_ceiling(base_args, args))
     ceilings = [c for c in ceilings if c]
-    best = max((c["best"]["qps"] for c in ceilings), default=None)
+    rates = [c["best"]["qps"] for c in ceilings]
     print(f"\n{args.retriever} on {corpus_path.parent.name}, {args.seconds:.0f} s per cell, "
           f"{os.cpu_count()} CPUs, one query per request, topk {args.topk}")
-    print_table(results, levels, [c["best"]["qps"] for c in ceilings])
+    print_table(results, levels, rates)
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "cpus": os.cpu_count(), "ceilings": ceilings,
                                "results": [asdict(r) for r in results]}, indent=2))
-    plot(results, Path(args.plot_out), f"{args.retriever} retrieval server, {os.cpu_count()}-core CPU", best)
+    plot(results, Path(args.plot_out), f"{args.retriever} retrieval server, {os.cpu_count()}-core CPU",
+         max(rates, default=None))
     print(f"wrote {out} and {args.plot_out}")
     return 0
 

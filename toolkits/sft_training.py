@@ -222,6 +222,7 @@ def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probe
         if stage.goal is not None and probes is None:
             raise ValueError(f"warm-start stage {stage.name!r} has a goal but no probes were given")
     rng = random.Random(config.seed)
+
     def fresh_optimizer() -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 

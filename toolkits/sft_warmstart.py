@@ -141,7 +141,8 @@ def goals(args) -> tuple[StageGoal | None, StageGoal | None]:
     stage's (its chance of searching first inside the band, greedy decoding guessing nearly everywhere)."""
     if not args.val_data:
         return None, None
-    skill = StageGoal((Bound("query_copy", ">=", args.query_copy_goal), Bound("answer_copy", ">=", args.answer_copy_goal),
+    skill = StageGoal((Bound("query_copy", ">=", args.query_copy_goal),
+                       Bound("answer_copy", ">=", args.answer_copy_goal),
                        *((Bound("least_fact_copy", ">=", args.fact_copy_floor),) if args.fact_copy_floor else ())))
     low, high = args.search_band
     mix = StageGoal((Bound("search_mean", ">=", low), Bound("search_mean", "<=", high),
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                              "erodes the weakest kind most: toolcall seed 2 met the mean goal with profession at "
                              "0.66, which the mix took to 0.29 and the mean under the mix floor (docs/results.md)")
     parser.add_argument("--train-guessed-facts", action=argparse.BooleanOptionalAction, default=True,
-                        help="mix stage: train a guess's answer whole (the default), or, with --no-train-guessed-facts, "
+                        help="mix stage: train a guess's answer whole (the default), or, with "
+                             "--no-train-guessed-facts, "
                              "only up to its deciding token: the stage then sets how often to guess without teaching "
                              "wrong facts, which wore the least-copied kind down on toolcall seed 2 (docs/results.md)")
     parser.add_argument("--mix-answer-copy-floor", type=float, default=0.8,
@@ -208,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="skill stage: draw more of the kinds of fact the probes find least copied (without it, "
                              "seed 2 under AVX2 kernels left two kinds uncopied for 1000 steps; docs/results.md)")
     parser.add_argument("--focus-stalled-fact", action=argparse.BooleanOptionalAction, default=False,
-                        help="skill stage, with --balance-facts: a kind of fact still uncopied after 5 readings in which "
-                             "every other kind is mostly copied is trained alone until it is (toolkits/fact_focus.py; toolcall "
-                             "seed 1 under AVX2 kernels never started copying employer without it; docs/results.md)")
+                        help="skill stage, with --balance-facts: a kind of fact still uncopied after 5 readings in "
+                             "which every other kind is mostly copied is trained alone until it is "
+                             "(toolkits/fact_focus.py; toolcall seed 1 under AVX2 kernels never started copying "
+                             "employer without it; docs/results.md)")
     parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
     parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)
@@ -224,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="train the search-or-answer token in the reading and skill stages too (the warm start "
                              "before issue 12, whose greedy choice sat on a knife's edge; for comparison only)")
     args = parser.parse_args(argv)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
     if args.focus_stalled_fact and not args.balance_facts:
-        print("sft_warmstart: --focus-stalled-fact needs --balance-facts (it focuses on one kind of fact)", file=sys.stderr)
+        print("sft_warmstart: --focus-stalled-fact needs --balance-facts (it focuses on one kind of fact)",
+              file=sys.stderr)
         return 1
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
     try:
         mix = BehaviourMix(search=args.search_share, bad_query=args.bad_query_share)
         records = load_records(args.data)
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
               SFTStage("skill", good, args.skill_steps, trains_decision=early, goal=skill_goal,
                        check_every=args.check_every,
                        facts=tuple(question_fact(r.question) for r in records) if args.balance_facts else None,
-                       focus=FocusRule() if args.focus_stalled_fact and args.balance_facts else None),
+                       focus=FocusRule() if args.focus_stalled_fact else None),
               SFTStage("mix", mixed, args.mix_steps, goal=mix_goal, check_every=max(1, args.mix_steps),
                        wrong_answers=frozenset() if args.train_guessed_facts else wrong_answers(
                            mixed, records * args.trajectories_per_question))]

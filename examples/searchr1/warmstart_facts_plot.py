@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 _READING = re.compile(r"sft skill step (\d+): query copy ([\d.]+), answer copy [\d.]+ \(([^)]*)\)")
-_FOCUS = re.compile(r"sft skill step (\d+): (?:\w+ copied under .* training on (\w+) questions alone|focus on (\w+) ends)")
+# The lines toolkits.fact_focus.FactFocus.update writes when a round starts and when it ends.
+_FOCUS = re.compile(r"sft skill step (\d+): "
+                    r"(?:\w+ copied under .* training on (\w+) questions alone|focus on (\w+) ends)")
 
 
 def readings(log: str) -> tuple[list[int], list[float], dict[str, list[float]]]:
