@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlinf_search.data.io_struct import SamplingParams
+from rlinf_search.scheduler.weight_buckets import pack_bucket, plan_buckets, unpack_bucket
 from rlinf_search.workers.rollout.base import ROLLOUT_ENGINES
 from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine
 
@@ -168,3 +169,36 @@ def test_seeded_requests_sample_the_same_in_any_batch(engine):
         assert batched[i].output_ids == reordered[i].output_ids == staggered[i].output_ids == alone[i].output_ids
     other = asyncio.run(engine.generate(prompts[0], SamplingParams(max_new_tokens=20, stop_at_eos=False, seed=7)))
     assert other.output_ids != alone[0].output_ids
+
+
+def test_update_weights_streams_buckets_as_they_arrive_and_refuses_bad_ones(engine):
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    perturbed = {k: v + 0.25 * torch.randn_like(v) if v.dtype.is_floating_point else v for k, v in original.items()}
+    assert engine.model.config.tie_word_embeddings  # the tied head travels once, as an alias
+    perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]
+    plan = plan_buckets(perturbed, bucket_bytes=64 * 1024, version=1)
+    assert plan.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    flats = [pack_bucket(perturbed, slots, size) for slots, size in zip(plan.buckets, plan.sizes)]
+    pulled = []
+
+    def buckets():
+        for index, (slots, flat) in enumerate(zip(plan.buckets, flats)):
+            pulled.append(index)
+            yield unpack_bucket(flat, slots, plan.aliases)
+
+    try:
+        engine.update_weights(buckets())
+        assert len(plan.buckets) > 3 and pulled == list(range(len(plan.buckets)))
+        for name, tensor in engine.model.state_dict().items():
+            assert torch.equal(tensor, perturbed[name]), name
+        name = next(iter(original))
+        with pytest.raises(ValueError, match="'nope' is not a weight of"):
+            engine.update_weights({"nope": torch.zeros(1)})
+        with pytest.raises(ValueError, match=f"'{name}' has shape \\(1,\\), the model's is"):
+            engine.update_weights({name: torch.zeros(1)})
+        with pytest.raises(ValueError, match=r"weight\(s\) of .* were not sent: "):
+            engine.update_weights({name: original[name]})
+    finally:
+        engine.update_weights(original)
+    for name, tensor in engine.model.state_dict().items():
+        assert torch.equal(tensor, original[name]), name

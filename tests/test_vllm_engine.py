@@ -118,3 +118,43 @@ def test_new_weights_decide_the_next_generation(engine, hf_model):
     expected = _teacher_forced(hf_model, prompt, after.output_ids, 1.0)
     assert torch.allclose(torch.tensor(after.logprobs), expected, atol=TOLERANCE)
     assert after.logprobs != pytest.approx(before.logprobs, abs=TOLERANCE)
+
+
+def test_weights_streamed_in_buckets_that_split_layers_load_exactly(engine, hf_model):
+    """The weight sync's own buckets (a layer's q/k/v and gate/up split across them, the tied head an alias): vLLM
+    processes a layer once all of it has arrived, across several RPCs, and the result is the model the trainer
+    holds; streaming the first weights back gives the first generation back (a stale processed head would not)."""
+    from rlinf_search.scheduler.weight_buckets import pack_bucket, plan_buckets, unpack_bucket
+
+    prompt = engine.tokenizer.encode("Which city was Lilu born in?", add_special_tokens=False)
+    greedy = SamplingParams(max_new_tokens=8, greedy=True, stop_at_eos=False)
+    original = {name: value.clone() for name, value in hf_model.state_dict().items()}
+    torch.manual_seed(1)
+    perturbed = {name: value + 0.05 * torch.randn_like(value) for name, value in original.items()}
+
+    def streamed(state: dict) -> list[int]:
+        state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}  # tied, as the actor sends it
+        plan = plan_buckets(state, bucket_bytes=16 * 1024, version=1)
+        holding_layer_0 = [slots for slots in plan.buckets if any(s.name.startswith("model.layers.0.") for s in slots)]
+        assert len(holding_layer_0) > 3 and plan.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+        pulled = []
+
+        def buckets():
+            for index, (slots, size) in enumerate(zip(plan.buckets, plan.sizes)):
+                pulled.append(index)
+                yield unpack_bucket(pack_bucket(state, slots, size), slots, plan.aliases)
+
+        engine.update_weights(buckets())
+        return pulled if pulled == list(range(len(plan.buckets))) else []
+
+    assert streamed(original)
+    before = asyncio.run(engine.generate(prompt, greedy))
+    assert streamed(perturbed)
+    after = asyncio.run(engine.generate(prompt, greedy))
+    hf_model.load_state_dict({**perturbed, "lm_head.weight": perturbed["model.embed_tokens.weight"]})
+    expected = _teacher_forced(hf_model, prompt, after.output_ids, 1.0)
+    assert torch.allclose(torch.tensor(after.logprobs), expected, atol=TOLERANCE)
+    assert after.logprobs != pytest.approx(before.logprobs, abs=TOLERANCE)
+    assert streamed(original)
+    again = asyncio.run(engine.generate(prompt, greedy))
+    assert again.output_ids == before.output_ids and again.logprobs == pytest.approx(before.logprobs, abs=1e-5)

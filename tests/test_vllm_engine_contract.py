@@ -1,4 +1,4 @@
-"""The vLLM engine's own logic, without vLLM: output mapping, weight buckets, and weights that arrive
+"""The vLLM engine's own logic, without vLLM: output mapping, weight blobs, and weights that arrive
 while the engine sleeps (sleep mode needs CUDA, so the heavy lane cannot run that path on CPU)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.vllm_engine import (
     VLLMEngineConfig,
     VLLMGenerationEngine,
+    safetensors_blobs,
     to_generation_output,
-    weight_buckets,
 )
 
 
@@ -43,14 +43,28 @@ def test_an_aborted_request_is_an_error():
         to_generation_output(_completion([5], "abort"))
 
 
-def test_weight_buckets_split_by_size_and_keep_tied_names():
+def test_blobs_split_by_size_and_keep_tied_names():
     embed = torch.randn(4, 8)
     state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "model.norm.weight": torch.ones(8)}
-    buckets = list(weight_buckets(state, max_bytes=4 * 8 * 4))  # one embedding-sized tensor per bucket
-    loaded = [load(blob) for blob in buckets]
+    blobs = list(safetensors_blobs(state, max_bytes=4 * 8 * 4))  # one embedding-sized tensor per blob
+    loaded = [load(blob) for blob in blobs]
     assert [sorted(part) for part in loaded] == [["model.embed_tokens.weight"], ["lm_head.weight"], ["model.norm.weight"]]
-    together = load(next(weight_buckets(state, max_bytes=1 << 20)))
+    together = load(next(safetensors_blobs(state, max_bytes=1 << 20)))
     assert torch.equal(together["lm_head.weight"], embed) and torch.equal(together["model.embed_tokens.weight"], embed)
+
+
+def test_blobs_follow_the_buckets_as_they_arrive():
+    pulled = []
+
+    def buckets():
+        for index in range(3):
+            pulled.append(index)
+            yield {f"w{index}": torch.full((4,), float(index))}
+
+    blobs = safetensors_blobs(buckets(), max_bytes=1 << 20)
+    first = load(next(blobs))
+    assert pulled == [0] and torch.equal(first["w0"], torch.zeros(4))  # bucket 1 not asked for yet
+    assert [sorted(load(blob)) for blob in blobs] == [["w1"], ["w2"]] and pulled == [0, 1, 2]
 
 
 class FakeAsyncLLM:
@@ -68,8 +82,8 @@ class FakeAsyncLLM:
     async def sleep(self, level):
         self.calls.append(f"sleep{level}")
 
-    async def wake_up(self):
-        self.calls.append("wake_up")
+    async def wake_up(self, tags=None):
+        self.calls.append(f"wake_up:{','.join(tags) if tags else 'all'}")
 
     def shutdown(self):
         self.calls.append("shutdown")
@@ -79,7 +93,7 @@ class FakeAsyncLLM:
 def engine():
     engine = object.__new__(VLLMGenerationEngine)  # everything __init__ sets, with a fake vLLM
     engine.config = VLLMEngineConfig("unused", sleep_mode=True)
-    engine.weight_version, engine._offloaded, engine._pending_weights = 0, False, None
+    engine.weight_version, engine._offloaded, engine._weights_awake = 0, False, False
     engine._loop = asyncio.new_event_loop()
     engine._thread = threading.Thread(target=engine._loop.run_forever, daemon=True)
     engine._thread.start()
@@ -88,23 +102,24 @@ def engine():
     engine.close()
 
 
-def test_weights_that_arrive_asleep_load_after_the_wake_up(engine):
+def test_weights_that_arrive_asleep_wake_the_weights_only(engine):
     engine, llm = engine
     weights = {"w": torch.ones(2)}
+    loading = ["begin_hf_weights", "load_hf_bucket", "finish_hf_weights", "reset_prefix_cache"]
     engine.update_weights(weights)
-    assert llm.calls == ["receive_hf_weights", "apply_hf_weights", "reset_prefix_cache"] and engine.weight_version == 1
+    assert llm.calls == loading and engine.weight_version == 1
     llm.calls.clear()
     engine.offload()
     engine.update_weights(weights)  # the collocated step syncs right after training, engine asleep
-    assert llm.calls == ["sleep1"] and engine.weight_version == 2
+    assert llm.calls == ["sleep1", "wake_up:weights", *loading] and engine.weight_version == 2
     with pytest.raises(RuntimeError, match="offloaded"):
         asyncio.run(engine.generate([1, 2], SimpleNamespace()))
-    engine.onload()
-    assert llm.calls == ["sleep1", "wake_up", "receive_hf_weights", "apply_hf_weights", "reset_prefix_cache"]
+    engine.onload()  # the KV cache is what still sleeps
+    assert llm.calls[-1] == "wake_up:kv_cache"
     llm.calls.clear()
     engine.offload()
     engine.onload()  # nothing new arrived: the CPU copy of the weights comes back as it was
-    assert llm.calls == ["sleep1", "wake_up"]
+    assert llm.calls == ["sleep1", "wake_up:all"]
 
 
 def test_registry_resolves_vllm_without_importing_it(tiny_model_dir):

@@ -31,8 +31,9 @@ class GenerationEngine(Protocol):
         gate never swaps weights while a request runs)."""
         ...
 
-    def update_weights(self, state_dict: dict) -> None:
-        """Load new policy weights (names as in the Hugging Face model)."""
+    def update_weights(self, weights) -> None:
+        """Load new policy weights (names as in the Hugging Face model): a state dict, or an iterable of buckets
+        (partial state dicts, each valid until the next is taken) to load as they arrive and take to the end."""
         ...
 
     def offload(self) -> None:

@@ -17,17 +17,18 @@ from rlinf_search.scheduler.placement import (
     validate_placement,
 )
 from rlinf_search.scheduler.ranges import PlacementError
-from rlinf_search.scheduler.weight_sync import (
+from rlinf_search.scheduler.weight_sync import WeightSync
+from rlinf_search.scheduler.weight_transports import (
     BroadcastTransport,
+    CudaIpcTransport,
     ObjectStoreTransport,
-    WeightSync,
     WeightTransport,
 )
 from rlinf_search.scheduler.worker import Worker
 from rlinf_search.scheduler.worker_group import GroupCall, WorkerError, WorkerGroup, wait_all
 
 __all__ = [
-    "MODES", "BroadcastTransport", "Channel", "Cluster", "ClusterConfig", "ClusterError", "ComponentPlacement",
+    "MODES", "BroadcastTransport", "Channel", "CudaIpcTransport", "Cluster", "ClusterConfig", "ClusterError", "ComponentPlacement",
     "GroupCall", "NodeGroupConfig", "ObjectStoreTransport", "Placement", "PlacementError", "RankPlacement",
     "Topology", "WeightSync", "WeightTransport", "Worker", "WorkerError", "WorkerGroup", "validate_placement",
     "wait_all",

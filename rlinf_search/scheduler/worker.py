@@ -2,8 +2,8 @@
 
 The worker-side API is deliberately small: ``rank``, ``world_size``, ``local_rank``, ``group_name``,
 ``device`` and ``device_slot`` (read from the environment the group set when it started the
-process), ``init_process_group()``, and two hooks for weight sync (``get_weights`` on the sender,
-``set_weights`` on receivers). Subclasses need not call ``super().__init__()``.
+process), ``init_process_group()``, and the hooks for weight sync (``get_weights`` on the sender,
+``set_weights`` or ``set_weight_buckets`` on receivers). Subclasses need not call ``super().__init__()``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from rlinf_search.scheduler.weight_sync import TransportSpec, WeightTransport
+    from rlinf_search.scheduler.weight_transports import Buckets, TransportSpec, WeightTransport
     from rlinf_search.scheduler.worker_group import WorkerGroup
 
 
@@ -75,9 +75,10 @@ class Worker:
         dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.world_size,
                                 timeout=timedelta(seconds=timeout_s))
 
-    def get_weights(self) -> dict[str, torch.Tensor]:
+    def get_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """Sender hook for ``WeightSync``: the full state dict to send. Called on rank 0, and on every rank
-        when ``weights_need_every_rank()`` (sharded weights are gathered by a collective)."""
+        when ``weights_need_every_rank()`` (sharded weights are gathered by a collective). ``on_device``: the
+        transport packs its buckets on this rank's device (``cuda_ipc``), so tensors left there save a host copy."""
         raise NotImplementedError(f"{type(self).__name__} sends weights: implement get_weights()")
 
     def weights_need_every_rank(self) -> bool:
@@ -91,6 +92,14 @@ class Worker:
         ``load_state_dict`` does), never write to them."""
         raise NotImplementedError(f"{type(self).__name__} receives weights: implement set_weights()")
 
+    def set_weight_buckets(self, buckets: Buckets, version: int) -> None:
+        """Receiver hook for ``WeightSync``: load the sender's weights at ``version`` bucket by bucket, each a
+        partial state dict of read-only views valid until the next is taken, so the receiver never holds the
+        whole model twice. Take every bucket. The default gathers them all and calls ``set_weights``."""
+        from rlinf_search.scheduler.weight_buckets import collect
+
+        self.set_weights(collect(buckets), version)
+
     # Called by WeightSync from the driver; not for user code.
 
     def _weight_sync_open(self, sync_id: str, spec: TransportSpec) -> None:
@@ -100,13 +109,16 @@ class Worker:
         transport = self._transports().get(sync_id)  # rank 0 only
         if transport is None and not self.weights_need_every_rank():
             return
-        weights = self.get_weights()
+        on_device = transport is not None and transport.wants_device_tensors
+        weights = self.get_weights(on_device=True) if on_device else self.get_weights()
         if transport is not None:
             transport.send(weights, version)
 
     def _weight_sync_receive(self, sync_id: str) -> int:
-        state_dict, version = self._transports()[sync_id].receive()
-        self.set_weights(state_dict, version)
+        version, buckets = self._transports()[sync_id].receive_stream()
+        self.set_weight_buckets(buckets, version)
+        if next(buckets, None) is not None:  # the sender would wait for the rest forever
+            raise RuntimeError(f"{type(self).__name__}.set_weight_buckets returned before taking every bucket")
         return version
 
     def _weight_sync_close(self, sync_id: str) -> None:

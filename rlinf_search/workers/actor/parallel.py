@@ -67,12 +67,14 @@ class Replicated:
     def clip_gradients(self, parameters, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
 
-    def full_state_dict(self, module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
-        """``module``'s weights on CPU, on rank 0 (None elsewhere: ranks hold the same weights); floating-point
-        ones cast to ``dtype`` on the device first when given."""
+    def full_state_dict(self, module: torch.nn.Module, dtype: torch.dtype | None = None,
+                        on_device: bool = False) -> dict[str, torch.Tensor] | None:
+        """``module``'s weights on CPU (copies on the device with ``on_device``), on rank 0 (None elsewhere: ranks
+        hold the same weights); floating-point ones cast to ``dtype`` on the device first when given."""
         if self.rank != 0:
             return None
-        return {name: _cast(tensor.detach(), dtype).to("cpu", copy=True) for name, tensor in module.state_dict().items()}
+        where = None if on_device else "cpu"
+        return {name: _cast(tensor.detach(), dtype).to(where, copy=True) for name, tensor in module.state_dict().items()}
 
     def optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
         """The ``TrainingState`` fields that keep the optimizer: the whole state (written by rank 0)."""
@@ -122,10 +124,11 @@ class FullySharded(Replicated):
         norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
-    def full_state_dict(self, module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
-        """Gathered on every rank (a collective), kept on rank 0's CPU only. With ``dtype``, one tensor at a time
-        is gathered and cast on the device before it leaves: rank 0's host holds the model in ``dtype`` only,
-        never the fp32 whole."""
+    def full_state_dict(self, module: torch.nn.Module, dtype: torch.dtype | None = None,
+                        on_device: bool = False) -> dict[str, torch.Tensor] | None:
+        """Gathered on every rank (a collective), kept on rank 0's CPU only (on its device with ``on_device`` and a
+        ``dtype``). With ``dtype``, one tensor at a time is gathered and cast on the device before it leaves: rank
+        0's host holds the model in ``dtype`` only, never the fp32 whole."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -140,7 +143,8 @@ class FullySharded(Replicated):
                 out[name] = done[id(tensor)]
                 continue
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            done[id(tensor)] = out[name] = _cast(full.detach(), dtype).to("cpu", copy=True) if self.rank == 0 else None
+            kept = _cast(full.detach(), dtype).to(None if on_device else "cpu", copy=True) if self.rank == 0 else None
+            done[id(tensor)] = out[name] = kept
             del full
         return out if self.rank == 0 else None
 

@@ -268,11 +268,11 @@ class PolicyTrainer:
         return scorer
 
     # ---- weights and state ------------------------------------------------------------------
-    def rollout_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """The policy's full weights in HF names, on CPU, on rank 0 ({} elsewhere); floating-point ones in
-        ``dtype`` when given (a weight sync's), else fp32 (a checkpoint's). With ``fsdp`` every rank must call
-        it: the shards are gathered."""
-        state = self.parallel.full_state_dict(self.scorer, dtype)
+    def rollout_state_dict(self, dtype: torch.dtype | None = None, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The policy's full weights in HF names, on CPU (on the device with ``on_device``: a ``cuda_ipc`` sync),
+        on rank 0 ({} elsewhere); floating-point ones in ``dtype`` when given (a weight sync's), else fp32 (a
+        checkpoint's). With ``fsdp`` every rank must call it: the shards are gathered."""
+        state = self.parallel.full_state_dict(self.scorer, dtype, on_device)
         if state is None:
             return {}
         return {name.removeprefix("lm."): tensor for name, tensor in state.items()}

@@ -101,12 +101,13 @@ class ActorWorker(Worker):
     def weights_need_every_rank(self) -> bool:
         return self.trainer.gathers_weights_collectively
 
-    def get_weights(self) -> dict[str, torch.Tensor]:
-        """The weights for a sync, in the dtype every receiver loads (``actor.sync_dtype``; fp32 when None)."""
+    def get_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The weights for a sync, in the dtype every receiver loads (``actor.sync_dtype``; fp32 when None); left
+        on the device with ``on_device`` (copies: the offloader may move the parameters away after this)."""
         dtype = None if self.config.sync_dtype is None else getattr(torch, self.config.sync_dtype)
         on_host = self.trainer.serves_weights_from_host  # nothing on the device to bring back
         with contextlib.nullcontext() if on_host else self.offloader.on_device("weights"):
-            return self.trainer.rollout_state_dict(dtype)
+            return self.trainer.rollout_state_dict(dtype, on_device=on_device)
 
     def save(self, ckpt_dir: str, state: RunnerState, begun: bool = False) -> str | None:
         """Every rank gathers the weights (and, with ``fsdp``, writes its optimizer shard into the staged

@@ -18,6 +18,7 @@ from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
 from rlinf_search.workers.actor.parallel import COMPUTE_DTYPES
 from rlinf_search.workers.actor.token_scoring import TokenScorer, packs_rows
 from rlinf_search.workers.inference.config import InferenceConfig
+from rlinf_search.workers.weight_loading import load_weight_buckets
 
 
 class InferenceWorker(Worker):
@@ -67,9 +68,11 @@ class InferenceWorker(Worker):
         return ForwardLogprobs(rows=rows, old=old_logprobs, ref=ref_logprobs)  # rows: set by score
 
     def set_weights(self, state_dict: dict, version: int) -> None:
+        self.set_weight_buckets(iter([state_dict]), version)
+
+    def set_weight_buckets(self, buckets, version: int) -> None:
         if self.policy is None:
             raise RuntimeError("this InferenceGroup holds no policy copy (algorithm.recompute_logprobs is false); "
                                "it should not be a weight-sync receiver")
-        # Tensors from shared memory are read-only views: load_state_dict copies them into the model.
-        self.policy.lm.load_state_dict({name: torch.as_tensor(value) for name, value in state_dict.items()})
+        load_weight_buckets(self.policy.lm, buckets)  # copies each bucket in as it arrives
         self.weight_version = version

@@ -23,6 +23,7 @@ from rlinf_search.workers.rollout.hf_cache import cache_kwargs
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.running_batch import RunningBatch
 from rlinf_search.workers.rollout.sampling import sample_next_tokens
+from rlinf_search.workers.weight_loading import Weights, load_weight_buckets
 
 
 @dataclass(frozen=True)
@@ -158,9 +159,10 @@ class HFGenerationEngine:
             await asyncio.to_thread(self._thread.join)
 
     # ---- weights and memory --------------------------------------------------------------
-    def update_weights(self, state_dict: dict) -> None:
+    def update_weights(self, weights: Weights) -> None:
+        """Load a state dict, or buckets of one as they arrive (each copied into the model, then let go)."""
         with self._weights_lock:
-            self.model.load_state_dict(state_dict, strict=True)
+            load_weight_buckets(self.model, weights)
             self.weight_version += 1
 
     def offload(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.workers.weight_loading import weight_buckets
 
 
 class ScriptedEngine:
@@ -61,7 +62,9 @@ class ScriptedEngine:
             finish = "eos"  # the scripted text ended with the EOS token's text
         return GenerationOutput(ids, [self.logprob] * len(ids), finish, stop_string)
 
-    def update_weights(self, state_dict: dict) -> None:
+    def update_weights(self, weights) -> None:
+        for _ in weight_buckets(weights):  # a streamed sync waits for every bucket to be taken
+            pass
         self.weight_version += 1
 
     def offload(self) -> None:

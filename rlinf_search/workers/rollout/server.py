@@ -45,16 +45,16 @@ class EngineServerWorker(Worker):
         return asdict(self.gate.activity())
 
     async def _weight_sync_receive(self, sync_id: str) -> int:
-        # The actor's event loop keeps serving the requests in flight while the transport receives and the gate
-        # waits for them (both in a thread): an asynchronous run syncs weights while agent loops generate.
-        state_dict, version = await asyncio.to_thread(self._transports()[sync_id].receive)
-        await asyncio.to_thread(self.set_weights, state_dict, version)
-        return version
+        # The actor's event loop keeps serving the requests in flight while the gate waits for them and the
+        # buckets stream in (in a thread): an asynchronous run syncs weights while agent loops generate.
+        return await asyncio.to_thread(Worker._weight_sync_receive, self, sync_id)
 
     # Plain methods: the driver calls offload and onload between rollouts, when no request is in flight.
     def set_weights(self, state_dict: dict, version: int) -> None:
-        tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
-        self.gate.swap(lambda: self.engine.update_weights(tensors), version)
+        self.set_weight_buckets(iter([state_dict]), version)
+
+    def set_weight_buckets(self, buckets, version: int) -> None:
+        self.gate.swap(lambda: self.engine.update_weights(buckets), version)
         self.weight_version = version
 
     def offload(self) -> None:

@@ -6,9 +6,9 @@ Each ``generate`` is one request to vLLM's ``AsyncLLM``, which batches concurren
 rollout call is its own ``asyncio.run``): the engine therefore runs its own loop on a thread, and a
 caller's ``generate`` hops onto it and back.
 
-Weights come from the actor's state dict through ``collective_rpc`` into vLLM's worker processes
-(``vllm_worker_ext``); the prefix cache is reset afterwards, or prompts cached under the old weights
-would keep their old keys and values. ``offload`` is vLLM's sleep mode, which needs CUDA.
+Weights come from the actor, bucket by bucket as the sync delivers them, through ``collective_rpc`` into vLLM's
+worker processes (``vllm_worker_ext``); the prefix cache is reset afterwards, or prompts cached under the old
+weights would keep their old keys and values. ``offload`` is vLLM's sleep mode, which needs CUDA.
 
 vLLM is imported when an engine is built, so configs naming it validate on machines without it.
 """
@@ -21,8 +21,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.workers.rollout.config import RolloutConfig
+from rlinf_search.workers.weight_loading import weight_buckets
 
 WORKER_EXTENSION = "rlinf_search.workers.rollout.vllm_worker_ext.WeightLoaderExtension"
 WEIGHT_BUCKET_BYTES = 1 << 30  # per RPC: well under the 4 GiB a msgpack blob can hold
@@ -82,27 +85,32 @@ def to_generation_output(completion) -> GenerationOutput:
     raise RuntimeError(f"vLLM ended a request with finish_reason {completion.finish_reason!r}")
 
 
-def weight_buckets(state_dict: dict, max_bytes: int) -> Iterator[bytes]:
-    """``state_dict`` as safetensors blobs of at most about ``max_bytes`` each.
+def safetensors_blobs(weights, max_bytes: int) -> Iterator[bytes]:
+    """``weights`` (a state dict, or buckets of one) as safetensors blobs of at most about ``max_bytes`` each, made
+    one at a time as the buckets arrive.
 
-    vLLM's RPC serialises arguments with msgpack, which carries bytes as they are but turns a tensor
-    into a plain list, and a msgpack blob holds at most 4 GiB; a 3B model in bf16 is 6 GB. So the
-    weights travel as several safetensors buffers (no pickle), loaded once all have arrived.
+    vLLM's RPC serialises arguments with msgpack, which carries bytes as they are but turns a tensor into a plain
+    list, and a msgpack blob holds at most 4 GiB; a 3B model in bf16 is 6 GB. So the weights travel as several
+    safetensors buffers (no pickle). A tied LM head goes under both names: vLLM on CPU keeps a processed copy of
+    the head, which a reload without ``lm_head.weight`` leaves stale (measured: the tiny model's greedy log-probs
+    stayed those of the previous weights).
     """
     from safetensors.torch import save
 
-    bucket: dict = {}
-    size = 0
-    for name, tensor in state_dict.items():
-        tensor = tensor.detach().to("cpu").contiguous()
-        if bucket and size + tensor.nbytes > max_bytes:
-            yield save(bucket)
-            bucket, size = {}, 0
-        # Tied weights share storage, which safetensors refuses to save twice: each name gets its own.
-        bucket[name] = tensor.clone() if any(t.data_ptr() == tensor.data_ptr() for t in bucket.values()) else tensor
-        size += tensor.nbytes
-    if bucket:
-        yield save(bucket)
+    for incoming in weight_buckets(weights):
+        blob: dict = {}
+        size = 0
+        for name, tensor in incoming.items():
+            tensor = torch.as_tensor(tensor).detach().to("cpu").contiguous()
+            if blob and size + tensor.nbytes > max_bytes:
+                yield save(blob)
+                blob, size = {}, 0
+            # safetensors refuses two names on one memory: the second name gets a copy.
+            shared = any(t.data_ptr() == tensor.data_ptr() for t in blob.values() if t.numel())
+            blob[name] = tensor.clone() if shared and tensor.numel() else tensor
+            size += tensor.nbytes
+        if blob:
+            yield save(blob)
 
 
 class VLLMGenerationEngine:
@@ -121,7 +129,7 @@ class VLLMGenerationEngine:
         self.weight_version = 0
         self._ids = itertools.count()
         self._offloaded = False
-        self._pending_weights: list[bytes] | None = None  # arrived while offloaded; loaded by onload()
+        self._weights_awake = False  # offloaded, but a weight sync woke the weights' memory to load into it
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
         self._thread.start()
@@ -198,23 +206,21 @@ class VLLMGenerationEngine:
         self._thread.join()
 
     # ---- weights and memory --------------------------------------------------------------
-    def update_weights(self, state_dict: dict) -> None:
-        # Serialised now (a copy): the caller's tensors may be views of memory that is gone by onload().
-        buckets = list(weight_buckets(state_dict, WEIGHT_BUCKET_BYTES))
-        self.weight_version += 1
-        if self._offloaded:
-            # Asleep, the weights' device memory is released, and waking restores the CPU copy over
-            # whatever was loaded: the new weights go in after the wake-up (the collocated step syncs
-            # weights right after training, while the engine sleeps).
-            self._pending_weights = buckets
-            return
-        self._load(buckets)
-
-    def _load(self, buckets: list[bytes]) -> None:
-        for bucket in buckets:
-            self._call(self._llm.collective_rpc("receive_hf_weights", args=(bucket,)))
-        self._call(self._llm.collective_rpc("apply_hf_weights"))
+    def update_weights(self, weights) -> None:
+        """Load a state dict, or buckets of one, streamed into vLLM's workers one safetensors blob at a time: the
+        engine's process holds one blob, each worker one blob and at most a layer of the one before."""
+        if self._offloaded and not self._weights_awake:
+            # Asleep, the weights' device memory is released, and waking restores the CPU copy over whatever was
+            # loaded: the weights' memory wakes first (not the KV cache: the actor may still hold the GPU) and the
+            # new weights stream straight in. Untested on GPU.
+            self._call(self._llm.wake_up(tags=["weights"]))
+            self._weights_awake = True
+        self._call(self._llm.collective_rpc("begin_hf_weights"))
+        for blob in safetensors_blobs(weights, WEIGHT_BUCKET_BYTES):
+            self._call(self._llm.collective_rpc("load_hf_bucket", args=(blob,)))
+        self._call(self._llm.collective_rpc("finish_hf_weights"))
         self._call(self._llm.reset_prefix_cache())
+        self.weight_version += 1
 
     def offload(self) -> None:
         if not self.config.sleep_mode:
@@ -222,21 +228,18 @@ class VLLMGenerationEngine:
                                "devices of its own (validate_cfg enforces this)")
         # Level 1 keeps a CPU copy of the weights: a wake-up without new weights (after validation) works.
         self._call(self._llm.sleep(level=1))
-        self._offloaded = True
+        self._offloaded, self._weights_awake = True, False
 
     def onload(self) -> None:
         if not self._offloaded:
             return
-        self._call(self._llm.wake_up())
-        self._offloaded = False
-        pending, self._pending_weights = self._pending_weights, None
-        if pending is not None:
-            self._load(pending)
+        # Whatever is still asleep: everything, or the KV cache after a sync woke the weights.
+        self._call(self._llm.wake_up(tags=["kv_cache"] if self._weights_awake else None))
+        self._offloaded, self._weights_awake = False, False
 
 
 def build_vllm_engine(config: RolloutConfig, *, device: str | None = None, seed: int = 0) -> VLLMGenerationEngine:
     """``rollout.rollout_backend: vllm``: a vLLM engine on the rank's one visible device."""
-    import torch
 
     on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
     return VLLMGenerationEngine(VLLMEngineConfig(

@@ -1,33 +1,45 @@
 """Methods vLLM mixes into its worker processes (``worker_extension_cls``), called by ``collective_rpc``.
 
 Imported inside vLLM's workers, so it imports nothing of its own at module level.
+
+A weight sync is one in-place reload spread over several calls: ``begin_hf_weights`` puts the model in vLLM's
+layerwise reload mode, each ``load_hf_bucket`` loads one bucket through the model's own loader (which fuses
+q/k/v and gate/up), and vLLM processes a layer (weight repacking on CPU) as soon as all its weights are in;
+``finish_hf_weights`` processes what is left. So a worker holds one bucket and at most a layer's worth of the one
+before, never the whole model.
 """
 
 from __future__ import annotations
 
 
 class WeightLoaderExtension:
-    """Receives Hugging Face weights in buckets, then loads them all into the worker's model in place."""
+    """Receives Hugging Face weights bucket by bucket and loads each into the worker's model in place."""
 
-    def receive_hf_weights(self, blob: bytes) -> int:
-        """Keep one bucket: a safetensors buffer of tensors named as in the Hugging Face model."""
+    def begin_hf_weights(self) -> None:
+        """Start an in-place reload (vLLM's layerwise reload; ``reload_weights`` does the same in one call)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+
+    def load_hf_bucket(self, blob: bytes) -> int:
+        """Load one bucket: a safetensors buffer of tensors named as in the Hugging Face model; returns how many."""
         from safetensors.torch import load
+        from vllm.config import set_current_vllm_config
 
-        pending = self.__dict__.setdefault("_rlinf_pending_weights", {})
         weights = load(blob)
-        pending.update(weights)
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(weights=iter(weights.items()))
         return len(weights)
 
-    def apply_hf_weights(self) -> int:
-        """Load every received tensor at once; returns how many.
+    def finish_hf_weights(self) -> None:
+        """Process the layers not processed yet and drop the state derived from the old weights."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
-        vLLM's in-place reload (``reload_weights``, vLLM >= 0.11 or so) expects the whole model in one
-        pass: it re-runs the post-load processing (weight repacking on CPU, fused q/k/v and gate/up) per
-        layer once the layer is complete. Older vLLM loads straight through the model's loader.
-        """
-        weights = self.__dict__.pop("_rlinf_pending_weights", {})
-        if hasattr(self, "reload_weights"):
-            self.reload_weights(weights_iterator=iter(weights.items()))
-        else:
-            self.model_runner.model.load_weights(weights=iter(weights.items()))
-        return len(weights)
+        runner = self.model_runner
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            getattr(runner, reset, lambda: None)()

@@ -106,9 +106,12 @@ class RolloutWorker(Worker):
         return GatedEngine(self.engine, self.gate)
 
     def set_weights(self, state_dict: dict, version: int) -> None:
-        # Tensors from shared memory are read-only views: load_state_dict copies them into the model.
-        tensors = {name: torch.as_tensor(value) for name, value in state_dict.items()}
-        self.gate.swap(lambda: self.engine.update_weights(tensors), version)
+        self.set_weight_buckets(iter([state_dict]), version)
+
+    def set_weight_buckets(self, buckets, version: int) -> None:
+        # The gate closes first, then the buckets stream into the engine as the transport delivers them: the rank
+        # never holds a second copy of the model (the sender waits while the requests in flight finish).
+        self.gate.swap(lambda: self.engine.update_weights(buckets), version)
         self.weight_version = version
 
     def engine_activity(self) -> dict:

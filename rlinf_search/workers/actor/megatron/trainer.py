@@ -164,10 +164,11 @@ class MegatronPolicyTrainer(PolicyTrainer):
             raise RuntimeError("the gathered weights are served by global rank 0 of the Megatron actor only")
         return self._hf_state
 
-    def rollout_state_dict(self, dtype: torch.dtype | None = None) -> StateDict:
+    def rollout_state_dict(self, dtype: torch.dtype | None = None, on_device: bool = False) -> StateDict:
         """The weights gathered at the last update, in the compute dtype whatever ``dtype`` asks: they are bf16
         already, and a receiver of another 16-bit dtype casts them as it loads (a cast here would be the same
-        rounding, done on rank 0's CPU)."""
+        rounding, done on rank 0's CPU). They live on the host whatever ``on_device`` asks: the gather after each
+        update put them there."""
         if self._hf_state is None:
             return {}  # only global rank 0 holds (and sends) the gathered weights
         state = self.gathered_hf_state()
