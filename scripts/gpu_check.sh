@@ -11,8 +11,9 @@
 # Qwen2.5-3B shape for FSDP2 (packed rows through sdpa_varlen, and a 16k-token micro-batch) and for Megatron (peak memory vs plan, tokens/s, MFU); benchmarks/matmul_dtypes.py
 # (the dtype of every matmul of a Megatron update with full recompute, forward and backward apart);
 # benchmarks/offload_memory.py for FSDP2 and Megatron at the 0.5B shape (device memory before, during and after
-# actor.offload_*); benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight sync, fp32 against
-# bf16). The step timeouts add up to 15 minutes, past the 10 one call may run: the
+# actor.offload_*); benchmarks/ipc_sync.py at the 3B shape (a CUDA IPC weight sync into an HF engine on the same
+# GPU: seconds, host RSS, bit-exact); benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight
+# sync, fp32 against bf16). The step timeouts add up to 15 minutes, past the 10 one call may run: the
 # steps before the offload ones took 5 min 45 s in all on an H200; on a short loan pick steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md section 7.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,8 +29,11 @@ STEPS="${GPU_CHECK_STEPS:-all}"  # e.g. GPU_CHECK_STEPS="machine offload_fsdp" r
 # Named sets, each under one 10-minute call by its timeouts:
 #   packing (470 s): packed rows through sdpa_varlen, flex and flash against padded sdpa (log-probs and gradients),
 #   the 3B FSDP2 update with packed rows (MFU), and a 16k-token packed micro-batch at the 3B shape.
+#   sync (about 300 s): the CUDA IPC sync at the 3B shape (sender and HF engine on one GPU: seconds, host RSS, exact)
+#   and the actor's gather for a sync (fp32 against bf16); tests/test_gpu.py holds the IPC correctness test.
 case "$STEPS" in
     packing) STEPS="machine test_gpu gpu_actor_step_fsdp packed_16k" ;;
+    sync) STEPS="machine ipc_sync weight_sync" ;;
 esac
 step() {  # step NAME SECONDS COMMAND...: run one check under its own timeout, its output in the log
     local name="$1" seconds="$2"
@@ -57,5 +61,6 @@ step gpu_actor_step_megatron 200 "$PY" benchmarks/gpu_actor_step.py --shape qwen
 step matmul_dtypes 100 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends megatron --recompute full
 step offload_fsdp 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend fsdp
 step offload_megatron 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend megatron
+step ipc_sync 150 "$PY" benchmarks/ipc_sync.py --shape qwen2.5-3b
 step weight_sync 150 "$PY" benchmarks/weight_sync.py --ranks 1 --shape qwen2.5-1.5b --dtypes float32,bfloat16
 echo "gpu_check: done; log in $LOG" | tee -a "$LOG"

@@ -85,3 +85,13 @@ def test_peak_memory_within_ten_percent_of_the_plan(tmp_path):
     peak = torch.cuda.max_memory_allocated()
     plan = plan_actor_memory(qwen_config("qwen2.5-0.5b"), ranks=1, mbs_tokens=8192).total
     assert abs(peak - plan) <= 0.1 * plan, f"peak {peak / 2**30:.2f} GiB, plan {plan / 2**30:.2f} GiB"
+
+
+def test_cuda_ipc_sync_loads_an_hf_engine_bit_exact_without_a_host_copy(tiny_model_dir):
+    """An actor process and an HF engine process on one GPU: buckets as IPC handles, loaded device to device."""
+    from benchmarks.ipc_sync import run
+
+    out = run(str(tiny_model_dir), "bfloat16", bucket_bytes=64 * 1024)  # the tiny model in many buckets
+    sender, receiver = out["sender"], out["receiver"]
+    assert receiver["version"] == 1 and sender["sums"] == receiver["sums"]
+    assert receiver["rss_rise"] < 64 * 2**20 and sender["rss_rise"] < 64 * 2**20

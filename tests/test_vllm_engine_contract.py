@@ -4,19 +4,21 @@ while the engine sleeps (sleep mode needs CUDA, so the heavy lane cannot run tha
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load
 
+from rlinf_search.workers.rollout import bucket_files
 from rlinf_search.workers.rollout.base import build_engine, engine_factory
+from rlinf_search.workers.rollout.bucket_files import bucket_file, file_parts, read_bucket_file
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.vllm_engine import (
     VLLMEngineConfig,
     VLLMGenerationEngine,
-    safetensors_blobs,
     to_generation_output,
 )
 
@@ -43,28 +45,36 @@ def test_an_aborted_request_is_an_error():
         to_generation_output(_completion([5], "abort"))
 
 
-def test_blobs_split_by_size_and_keep_tied_names():
-    embed = torch.randn(4, 8)
-    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "model.norm.weight": torch.ones(8)}
-    blobs = list(safetensors_blobs(state, max_bytes=4 * 8 * 4))  # one embedding-sized tensor per blob
-    loaded = [load(blob) for blob in blobs]
-    assert [sorted(part) for part in loaded] == [["model.embed_tokens.weight"], ["lm_head.weight"], ["model.norm.weight"]]
-    together = load(next(safetensors_blobs(state, max_bytes=1 << 20)))
-    assert torch.equal(together["lm_head.weight"], embed) and torch.equal(together["model.embed_tokens.weight"], embed)
-
-
-def test_blobs_follow_the_buckets_as_they_arrive():
+def test_parts_split_by_size_and_follow_the_buckets_as_they_arrive():
     pulled = []
 
     def buckets():
-        for index in range(3):
+        for index in range(2):
             pulled.append(index)
-            yield {f"w{index}": torch.full((4,), float(index))}
+            yield {f"w{index}a": torch.zeros(8), f"w{index}b": torch.zeros(8), f"w{index}c": torch.zeros(64)}
 
-    blobs = safetensors_blobs(buckets(), max_bytes=1 << 20)
-    first = load(next(blobs))
-    assert pulled == [0] and torch.equal(first["w0"], torch.zeros(4))  # bucket 1 not asked for yet
-    assert [sorted(load(blob)) for blob in blobs] == [["w1"], ["w2"]] and pulled == [0, 1, 2]
+    parts = file_parts(buckets(), max_bytes=2 * 8 * 4)
+    assert sorted(next(parts)) == ["w0a", "w0b"] and pulled == [0]  # bucket 1 not asked for yet
+    assert [sorted(part) for part in parts] == [["w0c"], ["w1a", "w1b"], ["w1c"]] and pulled == [0, 1]
+
+
+@pytest.mark.parametrize("shm", ["present", "missing"])
+def test_a_bucket_file_reads_back_exactly_with_a_tied_tensor_written_once(tmp_path, monkeypatch, shm):
+    if shm == "missing":  # a container without /dev/shm room: a temporary directory instead
+        monkeypatch.setattr(bucket_files, "SHM_DIR", tmp_path / "absent")
+    embed = torch.randn(16, 8)
+    part = {"model.embed_tokens.weight": embed, "lm_head.weight": embed,
+            "model.norm.weight": torch.randn(8).to(torch.bfloat16), "steps": torch.tensor(3), "empty": torch.zeros(0)}
+    with bucket_file(part) as (path, layout):
+        assert Path(path).parent == (Path("/dev/shm") if shm == "present" else Path(tempfile.gettempdir()))
+        offsets = {name: offset for name, _, _, offset, _ in layout}
+        assert offsets["lm_head.weight"] == offsets["model.embed_tokens.weight"]
+        assert Path(path).stat().st_size < 2 * embed.nbytes  # the head is not written twice
+        got = read_bucket_file(path, layout)
+    assert not Path(path).exists()  # deleted once loaded; the mapping outlives it
+    assert got.keys() == part.keys()
+    for name, tensor in part.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
 
 
 class FakeAsyncLLM:

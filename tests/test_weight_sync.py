@@ -187,6 +187,15 @@ def test_disaggregated_sync_broadcasts_to_every_receiver_group(cluster, actor):
         inference.shutdown()
 
 
+def test_cuda_ipc_on_a_cpu_cluster_is_refused_before_anything_opens(cluster, actor):
+    rollout = Rollout.create_group().launch(cluster, "0", name="rollout")
+    try:
+        with pytest.raises(ValueError, match="cuda_ipc needs every receiver rank on the GPU of the sender's rank 0"):
+            WeightSync(actor, [rollout], method="cuda_ipc")
+    finally:
+        rollout.shutdown()
+
+
 def test_unknown_method_is_refused(actor):
     with pytest.raises(ValueError, match="weight sync method must be one of auto, object_store, cuda_ipc, broadcast"):
         WeightSync(actor, [], method="nccl")

@@ -7,8 +7,8 @@ group and on every receiver rank, and ``sync(version)`` calls the sender's ``get
 - ``object_store`` (collocated): buckets through Ray's shared-memory object store;
 - ``cuda_ipc`` (every receiver on the sender's one GPU): buckets as CUDA IPC handles, device to device;
 - ``broadcast`` (disaggregated): a gloo or nccl broadcast per bucket;
-- ``auto``: ``cuda_ipc`` when sender and receivers share one GPU, ``object_store`` when every receiver sits on a
-  device of the sender group, ``broadcast`` otherwise.
+- ``auto``: ``object_store`` when every receiver sits on a device of the sender group, ``broadcast`` otherwise.
+  It does not pick ``cuda_ipc`` while that path has not run on a GPU (``GPU_CHECK_STEPS=sync`` runs it); name it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class WeightSync:
             raise
 
     def sync(self, version: int) -> None:
-        """Send the sender's ``get_weights()`` to every receiver's ``set_weights(state_dict, version)``."""
+        """Send the sender's ``get_weights()`` to every receiver's ``set_weight_buckets(buckets, version)``."""
         self.start(version).wait()
 
     def start(self, version: int) -> PendingSync:
@@ -88,12 +88,16 @@ class WeightSync:
         self.close()
 
     def _choose(self, method: str) -> str:
-        if method != "auto":
-            return method
         sender_devices = set(self._sender.placement.devices)
         receiver_devices = {device for group in self._receivers for device in group.placement.devices}
-        if self._sender.cluster.device_kind == "cuda" and receiver_devices == {self._sender.placement.devices[0]}:
-            return "cuda_ipc"  # one GPU: rank 0 of the sender and every receiver
+        if method == "cuda_ipc" and not (self._sender.cluster.device_kind == "cuda"
+                                         and receiver_devices <= {self._sender.placement.devices[0]}):
+            raise ValueError(f"weight sync method cuda_ipc needs every receiver rank on the GPU of the sender's rank "
+                             f"0 (device {self._sender.placement.devices[0]}); the receivers are on devices "
+                             f"{sorted(receiver_devices)} of a {self._sender.cluster.device_kind} cluster: use "
+                             "object_store or broadcast")
+        if method != "auto":
+            return method
         return "object_store" if receiver_devices <= sender_devices else "broadcast"
 
     def _open(self, bucket_bytes: int) -> None:
@@ -106,7 +110,8 @@ class WeightSync:
                 specs: list[TransportSpec] = [ObjectStoreSpec(self._channel, count, i, bucket_bytes)
                                               for i in (None, *range(count))]
             else:
-                specs = [CudaIpcSpec(self._channel, count, i, bucket_bytes, self._timeout_s) for i in (None, *range(count))]
+                specs = [CudaIpcSpec(self._channel, count, i, bucket_bytes, self._timeout_s)
+                         for i in (None, *range(count))]
         else:
             cluster = self._sender.cluster
             node = self._sender.placement.ranks[0].node_rank

@@ -26,13 +26,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Union
 
-import ray
-
-from rlinf_search.scheduler.channel import Channel
 from rlinf_search.scheduler.weight_buckets import BucketPlan, collect, pack_bucket, plan_buckets, unpack_bucket
 
 if TYPE_CHECKING:
     import torch
+
+    from rlinf_search.scheduler.channel import Channel
+
+# Ray is imported where the object store is used: the CUDA IPC transport also runs where Ray is absent (the GPU
+# check drives it between two processes with a mailbox of its own).
 
 Buckets = Iterator[dict[str, "torch.Tensor"]]
 """A sync's buckets as they arrive: each a partial state dict of views, valid until the next is asked for."""
@@ -84,7 +86,8 @@ class CudaIpcSpec:
     """How one participant opens a ``CudaIpcTransport`` (picklable: built on the driver)."""
 
     channel: Channel
-    """Carries the plan and each bucket's IPC handle to the receivers, and their acknowledgements back."""
+    """Carries the plan and each bucket's IPC handle to the receivers, and their acknowledgements back: a ``Channel``
+    of ``maxsize`` 1, or anything with its ``put(item, key)`` and ``get(key, timeout=)``."""
     num_receivers: int
     receiver_index: int | None
     """This participant's index among the receivers; None on the sender."""
@@ -139,6 +142,8 @@ class ObjectStoreTransport(WeightTransport):
         self._fan_out = _ChannelFanOut(spec.channel, spec.num_receivers)
 
     def send(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        import ray
+
         plan = plan_buckets(state_dict, self._spec.bucket_bytes, version)
         self._fan_out.to_all(plan)
         for slots, size in zip(plan.buckets, plan.sizes):
@@ -153,6 +158,7 @@ class ObjectStoreTransport(WeightTransport):
         return plan.version, self._buckets(plan)
 
     def _buckets(self, plan: BucketPlan) -> Buckets:
+        import ray
         import torch
 
         for slots in plan.buckets:

