@@ -2,10 +2,16 @@
 
 Query encoding dominates retrieval cost, and on a GPU an encoder forward pass over 32 queries costs
 far less than 32 passes over one (on a 2-core CPU the encoder alone gains about 1.5x; see
-docs/benchmarks.md). Requests wait in a queue; one worker takes everything queued (waiting a short
+docs/benchmarks.md). Requests wait in a queue; the collector takes everything queued (waiting a short
 window for stragglers when the last batch served several requests, up to a maximum batch), searches
-once in a worker thread and hands each request its rows. While a batch computes, the next one fills
+once in a batch thread and hands each request its rows. While a batch computes, the next one fills
 up, so under load batches grow with no added wait, and a lone client pays no window.
+
+With ``batch_threads`` above 1 (the server's ``--batch-threads``), a collection of at least 16 queries is
+split over the free batch threads, each computing on its share of the cores for torch's intra-op work; a
+batch alone takes every core. In-process on a 2-core CPU, two batches of 16 on one core each encoded
+1.3x the queries of one batch of 32 on both, since one forward pass scales poorly over two cores; behind
+HTTP the gain was not clear at 32 clients (docs/benchmarks.md section 1).
 """
 
 from __future__ import annotations
@@ -31,18 +37,34 @@ class _Pending:
     future: asyncio.Future = field(repr=False)
 
 
+MIN_PART = 8
+"""Fewest queries a collected batch is split into a part of, one part per free batch thread."""
+
+
 class DynamicBatcher:
     """Collects queries across requests into batches of at most ``max_batch`` queries."""
 
     def __init__(self, search: SearchFn, metrics: ServerMetrics, *, window_s: float = 0.002,
-                 max_batch: int = 64):
+                 max_batch: int = 64, batch_threads: int = 1, intra_op_threads: int | None = None):
+        """``batch_threads``: batches computed at once; ``intra_op_threads``: torch threads each batch thread
+        uses (None: torch's default, all cores)."""
+        if batch_threads < 1 or (intra_op_threads is not None and intra_op_threads < 1):
+            raise ValueError(f"batch_threads and intra_op_threads must be >= 1, got {batch_threads} and "
+                             f"{intra_op_threads}")
         self._search = search
         self._metrics = metrics
         self._window_s = window_s
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        # One thread: batches run one at a time, each using all of torch's intra-op threads.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-batch")
+        # One executor per batch thread, so a batch lands on a thread of its choosing: a batch alone goes to the
+        # first with every core, and the others' OpenMP teams stay one thread (an idle team of several spins).
+        self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"retrieval-batch-{i}")
+                           for i in range(batch_threads)]
+        self._free = list(range(batch_threads))
+        self._intra_op_threads = intra_op_threads
+        self._all_threads = None if intra_op_threads is None else intra_op_threads * batch_threads
+        self._slots = asyncio.Semaphore(batch_threads)
+        self._batches: set[asyncio.Task] = set()
         self._worker: asyncio.Task | None = None
         self._last_batch_requests = 0
 
@@ -50,13 +72,15 @@ class DynamicBatcher:
         self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for task in (self._worker, *self._batches):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        for executor in self._executors:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     async def search(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         future = asyncio.get_running_loop().create_future()
@@ -82,26 +106,79 @@ class DynamicBatcher:
         return batch
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect()
+            await self._slots.acquire()  # a batch thread is free: collect the next batch for it
+            try:
+                batch = await self._collect()
+            except BaseException:
+                self._slots.release()
+                raise
             self._last_batch_requests = len(batch)
+            # Closed-loop clients come back together, so one collection holds all of them: split it over every
+            # free batch thread (each part at least MIN_PART queries), or the other threads would stay idle.
+            parts = 1
+            queries = sum(len(item.queries) for item in batch)
+            while not self._slots.locked() and queries >= (parts + 1) * MIN_PART and parts < len(batch):
+                await self._slots.acquire()
+                parts += 1
+            alone = parts == 1 and len(self._free) == len(self._executors)
+            split = _split(batch, parts)
+            for _ in range(parts - len(split)):  # a very uneven batch fills fewer parts: free the slots unused
+                self._slots.release()
+            for part in split:
+                # Alone, a batch takes every core (a lone client's latency); beside another, its share.
+                executor = self._free.pop(0)  # the first free one: batches alone always go to thread 0
+                threads = self._all_threads if alone else self._intra_op_threads
+                task = asyncio.get_running_loop().create_task(self._serve(part, executor, threads))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+
+    async def _serve(self, batch: list[_Pending], executor: int, threads: int | None) -> None:
+        try:
             queries = [q for item in batch for q in item.queries]
             topk = max(item.topk for item in batch)
             self._metrics.record_batch(len(queries))
+            loop = asyncio.get_running_loop()
             try:
-                rows, scores = await loop.run_in_executor(self._executor, self._search, queries, topk)
+                rows, scores = await loop.run_in_executor(self._executors[executor], _search_on, threads,
+                                                          self._search, queries, topk)
             except Exception as exc:  # noqa: BLE001 - the failure belongs to the waiting requests
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(exc)
-                continue
+                return
             begin = 0
             for item in batch:
                 end = begin + len(item.queries)
                 if not item.future.done():  # the client may have gone away
                     item.future.set_result((rows[begin:end, : item.topk], scores[begin:end, : item.topk]))
                 begin = end
+        finally:
+            self._free.append(executor)
+            self._free.sort()
+            self._slots.release()
+
+
+def _split(batch: list[_Pending], parts: int) -> list[list[_Pending]]:
+    """``batch`` in ``parts`` runs of consecutive requests with about equal numbers of queries."""
+    total = sum(len(item.queries) for item in batch)
+    out: list[list[_Pending]] = [[] for _ in range(parts)]
+    done = 0
+    for item in batch:
+        index = min(parts - 1, done * parts // total)
+        out[index].append(item)
+        done += len(item.queries)
+    return [part for part in out if part]
+
+
+def _search_on(threads: int | None, search: SearchFn, queries: list[str], topk: int):
+    """``search`` in a batch thread with ``threads`` intra-op threads (OpenMP's count is per calling thread)."""
+    if threads is not None:
+        import torch
+
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+    return search(queries, topk)
 
 
 class PerRequestSearch:

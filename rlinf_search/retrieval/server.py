@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -102,10 +103,13 @@ class _DeclaredBodyLimit:
 
 def create_app(corpus: CorpusStore, retriever: Retriever, *, limits: ServerLimits = ServerLimits(),
                batching: bool = True, batch_window_s: float = 0.002, max_batch: int = 64,
+               batch_threads: int = 1, intra_op_threads: int | None = None,
                pages: PageStore | None = None) -> FastAPI:
-    """Build the FastAPI app around a loaded corpus and retriever."""
+    """Build the FastAPI app around a loaded corpus and retriever (``batch_threads``, ``intra_op_threads``: as
+    ``DynamicBatcher``'s)."""
     metrics = ServerMetrics()
-    searcher = (DynamicBatcher(retriever.search, metrics, window_s=batch_window_s, max_batch=max_batch)
+    searcher = (DynamicBatcher(retriever.search, metrics, window_s=batch_window_s, max_batch=max_batch,
+                               batch_threads=batch_threads, intra_op_threads=intra_op_threads)
                 if batching else PerRequestSearch(retriever.search, metrics))
 
     @contextlib.asynccontextmanager
@@ -200,8 +204,19 @@ def _parser() -> argparse.ArgumentParser:
                         help="search each request on its own (the reference servers' behaviour)")
     parser.add_argument("--batch-window-ms", type=float, default=2.0, help="wait for more queries this long")
     parser.add_argument("--max-batch", type=int, default=64, help="most queries searched in one batch")
+    parser.add_argument("--batch-threads", type=int, default=1,
+                        help="batches searched at once, each on its share of the cores (a batch alone takes them "
+                             "all); 2 was not a clear gain at 32 clients on 2 cores, see docs/benchmarks.md")
     parser.add_argument("--save-address-to", default=None, help="write host:port here once listening")
     return parser
+
+
+def _batch_threads(requested: int) -> dict:
+    """``create_app``'s thread options: the process's cores split between ``requested`` batch threads."""
+    if requested < 1:
+        raise ValueError(f"--batch-threads must be >= 1, got {requested}")
+    cores = len(os.sched_getaffinity(0))
+    return {"batch_threads": requested, "intra_op_threads": max(1, cores // requested) if requested > 1 else None}
 
 
 def _load(args: argparse.Namespace) -> tuple[CorpusStore, Retriever, PageStore | None]:
@@ -228,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        threads = _batch_threads(args.batch_threads)
         corpus, retriever, pages = _load(args)
         sock = bind_socket(args.host, args.port)
     except (FileNotFoundError, IndexMismatchError, ValueError, OSError) as exc:
@@ -235,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk)
     app = create_app(corpus, retriever, limits=limits, batching=not args.no_batching,
-                     batch_window_s=args.batch_window_ms / 1000.0, max_batch=args.max_batch, pages=pages)
+                     batch_window_s=args.batch_window_ms / 1000.0, max_batch=args.max_batch,
+                     **threads, pages=pages)
     serve_forever(app, sock, address_file=args.save_address_to, on_started=lambda address: log.info(
         "serving %s with %s on %s (%d passages)", args.corpus, retriever.name, address, len(corpus)))
     return 0
