@@ -7,8 +7,9 @@ loopback, once with dynamic batching (the default) and once with ``--no-batching
 encoded on its own in the web framework's thread pool, as Search-R1's and RLinf's servers do). For
 each number of concurrent clients it drives one-query requests for a fixed time and records
 queries/s and latency percentiles. Beside them, the server's ceiling: the same retriever searched in-process at
-batch sizes 1-64 (``benchmarks/encoder_ceiling.py``), in the same run on the same cores, its best rate the most a
-server with free HTTP could serve. Prints a table, writes JSON and a PNG plot.
+batch sizes 1-64, one batch at a time or two at once on half the cores each (``benchmarks/encoder_ceiling.py``), in
+the same run on the same cores, its best rate the most a server with free HTTP could serve; and the share of the
+one-batch-at-a-time ceiling. Prints a table, writes JSON and a PNG plot.
 
 Clients and server share the machine's cores, and so may other jobs: each cell first waits for
 other processes to go idle, records the CPU they used during the cell ("other load"), and is
@@ -258,12 +259,11 @@ def print_table(results: list[CellResult], levels: list[int], ceilings: list[dic
     by_key = {(r.mode, r.clients): r for r in results}
     if ceiling:
         measured = " and ".join(f"{c['best']['qps']:.1f}" for c in ceilings)
-        print(f"ceiling: {ceiling:.1f} queries/s, the retriever's best in-process rate over batch sizes 1-64, one batch "
-              f"at a time or two at once (best: {best['streams']} x batch {best['batch_size']}; measured before and "
-              f"after the cells: {measured}); one batch at a time: "
-              f"{one:.1f}")
-    header = (f"{'clients':>7} | {'batching qps':>12} | {'of ceiling':>10} | {'of 1-batch':>10} | {'no-batch qps':>12} | "
-              f"{'ratio':>6} | "
+        print(f"ceiling: {ceiling:.1f} queries/s, the retriever's best in-process rate over batch sizes 1-64, "
+              f"one batch at a time or two at once (best: {best['streams']} x batch {best['batch_size']}; "
+              f"measured before and after the cells: {measured}); one batch at a time: {one:.1f}")
+    header = (f"{'clients':>7} | {'batching qps':>12} | {'of ceiling':>10} | {'of 1-batch':>10} | "
+              f"{'no-batch qps':>12} | {'ratio':>6} | "
               f"{'batching p50/p99 ms':>19} | {'no-batch p50/p99 ms':>19} | {'mean batch':>10} | "
               f"{'server/client cores':>19} | {'other load':>10}")
     print(header)
@@ -273,7 +273,8 @@ def print_table(results: list[CellResult], levels: list[int], ceilings: list[dic
         ratio = f"{on.qps / off.qps:.2f}x" if on and off and off.qps else "-"
         share = f"{on.qps / ceiling:.0%}" if on and ceiling else "-"
         share_one = f"{on.qps / one:.0%}" if on and one else "-"
-        print(f"{clients:>7} | {on.qps if on else '-':>12} | {share:>10} | {share_one:>10} | {off.qps if off else '-':>12} | "
+        print(f"{clients:>7} | {on.qps if on else '-':>12} | {share:>10} | {share_one:>10} | "
+              f"{off.qps if off else '-':>12} | "
               f"{ratio:>6} | "
               f"{_p50_p99(on):>19} | {_p50_p99(off):>19} | {on.mean_batch_size if on else '-':>10} | "
               f"{_cores(on):>19} | {_other_load(on, off):>10}")

@@ -81,7 +81,8 @@ class _PeakRise:
 
     def _read(self) -> None:
         machine, engine, vllm = (now - base for now, base in zip(self._now(), self._base))
-        self.machine, self.engine, self.vllm = max(self.machine, machine), max(self.engine, engine), max(self.vllm, vllm)
+        self.machine = max(self.machine, machine)
+        self.engine, self.vllm = max(self.engine, engine), max(self.vllm, vllm)
 
     def _sample(self) -> None:
         while not self._stop.wait(0.005):
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if "lm_head.weight" not in state:  # tied: the actor sends the embedding under both names
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         engine = vllm_engine.VLLMGenerationEngine(vllm_engine.VLLMEngineConfig(
-            str(model_dir), dtype=args.dtype, gpu_memory_utilization=args.memory_share, max_num_seqs=4, enforce_eager=True))
+            str(model_dir), dtype=args.dtype, gpu_memory_utilization=args.memory_share, max_num_seqs=4,
+            enforce_eager=True))
         rows = []
         try:
             modes = [("whole", lambda: state)]

@@ -74,7 +74,8 @@ class Replicated:
         if self.rank != 0:
             return None
         where = None if on_device else "cpu"
-        return {name: _cast(tensor.detach(), dtype).to(where, copy=True) for name, tensor in module.state_dict().items()}
+        return {name: _cast(tensor.detach(), dtype).to(where, copy=True)
+                for name, tensor in module.state_dict().items()}
 
     def optimizer_state(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
         """The ``TrainingState`` fields that keep the optimizer: the whole state (written by rank 0)."""
