@@ -31,6 +31,7 @@ import torch
 from benchmarks.service_model import Settings, Trace, BusyCounter, read_settings
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.tools.search.base import SearchHit
+from rlinf_search.workers.weight_loading import weight_buckets
 
 
 # ---- the engine ------------------------------------------------------------------------------------
@@ -138,7 +139,9 @@ class SimulatedEngine:
             # ideal_s: this stretch's decoding and prefill as if every step ran a full batch (the ideal line).
             self.trace.interval(busy_since, time.time(), "decode", ideal_s=ideal_s, tokens=tokens)
 
-    def update_weights(self, state_dict: dict) -> None:
+    def update_weights(self, weights) -> None:
+        for _ in weight_buckets(weights):  # a streamed sync's sender waits until every bucket is taken
+            pass
         start = time.time()
         time.sleep(self.model.wall(self.model.weight_sync_s))
         self.trace.interval(start, time.time(), "weight_sync")
