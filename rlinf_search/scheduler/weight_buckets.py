@@ -88,11 +88,12 @@ def plan_buckets(state_dict: Mapping[str, torch.Tensor], bucket_bytes: int, vers
 
 
 def pack_bucket(state_dict: Mapping[str, torch.Tensor], slots: tuple[TensorSlot, ...], size: int,
-                device: torch.device | str = "cpu") -> torch.Tensor:
-    """The bucket's tensors copied into one flat ``uint8`` tensor of ``size`` bytes on ``device``."""
+                device: torch.device | str = "cpu", out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bucket's tensors copied into one flat ``uint8`` tensor of ``size`` bytes on ``device`` (into ``out``,
+    a flat ``uint8`` tensor of at least ``size`` bytes, when given)."""
     import torch
 
-    flat = torch.empty(size, dtype=torch.uint8, device=device)
+    flat = torch.empty(size, dtype=torch.uint8, device=device) if out is None else out
     for slot in slots:
         tensor = state_dict[slot.name].detach()
         if tensor.nbytes:

@@ -5,7 +5,7 @@ so a bucket passed as bytes is copied four times on its way, and a tensor does n
 Instead the engine's process writes each part of a sync into one file under ``/dev/shm`` (a temporary directory
 when that is too small: a container's default is 64 MiB) and the RPC carries only the path and the layout; every
 worker maps the file copy-on-write and loads from views of it. A tensor listed under two names (a tied head) is
-written once and laid out under both. The file is deleted once the workers have loaded it.
+written once and laid out under both (the layout is ``weight_buckets``' plan of the part). The file is deleted once the workers have loaded it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.scheduler.weight_buckets import ALIGN
+from rlinf_search.scheduler.weight_buckets import ALIGN, pack_bucket, plan_buckets
 
 SHM_DIR = Path("/dev/shm")
 Layout = list[list]
@@ -47,28 +48,17 @@ def file_parts(buckets: Iterable[Mapping[str, torch.Tensor]], max_bytes: int) ->
 @contextlib.contextmanager
 def bucket_file(part: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, Layout]]:
     """Write ``part`` into a new shared-memory file; yield its path and layout; delete it afterwards."""
-    layout: Layout = []
-    placed: dict[tuple, int] = {}
-    size = 0
-    for name, tensor in part.items():
-        memory = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
-        if tensor.numel() and memory in placed:  # the same tensor under a second name: written once
-            offset = placed[memory]
-        else:
-            offset = placed[memory] = size
-            size += -(-tensor.nbytes // ALIGN) * ALIGN
-        layout.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, tensor.nbytes])
-    size = max(size, ALIGN)
+    plan = plan_buckets(part, bucket_bytes=sys.maxsize, version=0)  # one bucket: the weight sync's own layout
+    slots = plan.buckets[0] if plan.buckets else ()
+    size = max(plan.sizes[0] if plan.sizes else 0, ALIGN)
+    layout: Layout = [[s.name, s.dtype, list(s.shape), s.offset, s.nbytes] for s in slots]
+    offsets = {s.name: (s.offset, s.nbytes) for s in slots}
+    layout += [[alias, str(part[alias].dtype).removeprefix("torch."), list(part[alias].shape), *offsets[source]]
+               for alias, source in plan.aliases.items()]
     directory = SHM_DIR if SHM_DIR.is_dir() and shutil.disk_usage(SHM_DIR).free > 2 * size else tempfile.gettempdir()
     path = Path(directory) / f"rlinf-weights-{os.getpid()}-{uuid.uuid4().hex}.bin"
     try:
-        flat = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
-        written: set[int] = set()
-        for (name, _, _, offset, nbytes), tensor in zip(layout, part.values()):
-            if nbytes and offset not in written:
-                flat[offset:offset + nbytes].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
-                written.add(offset)
-        del flat
+        pack_bucket(part, slots, size, out=torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8))
         yield str(path), layout
     finally:
         path.unlink(missing_ok=True)
