@@ -51,7 +51,7 @@ SCHEMA: dict[str, Any] = {
              "seed": None, "train_data_paths": None, "val_data_paths": None},
     "actor": {"group_name": None, "training_backend": None,
               "model": {"precision": None, "enable_gradient_checkpointing": None, "use_remove_padding": None,
-                        "logprob_chunk_size": None, "attn_implementation": None,
+                        "logprob_chunk_size": None, "attn_implementation": None, "compile_layers": None,
                         **{key: None for key in MEGATRON_MODEL_KEYS}},
               "fsdp_config": {"cpu_offload": None},
               "megatron": {"use_hf_ckpt": None, "distributed_timeout_minutes": None,

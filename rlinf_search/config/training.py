@@ -97,6 +97,10 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
     if backend == "megatron" and checkpointing:
         raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
                           "by actor.model.recompute_granularity instead")
+    compile_layers = get_bool(raw, "actor.model.compile_layers", ActorConfig.compile_layers)
+    if backend == "megatron" and compile_layers:
+        raise ConfigError("actor.model.compile_layers: read by the HF backends (fsdp, ddp) only; the megatron backend "
+                          "does not compile its layers")
     loss = _policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature)
     pack_traj = get_bool(raw, "actor.pack_traj", ActorConfig.pack_traj)
     pack_sequences = get_bool(raw, "actor.model.use_remove_padding", ActorConfig.pack_sequences)
@@ -112,7 +116,7 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
                        ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
                        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
                        dtype=get_precision(raw, "actor.model.precision", ActorConfig.dtype, training=True),
-                       gradient_checkpointing=checkpointing,
+                       gradient_checkpointing=checkpointing, compile_layers=compile_layers,
                        pack_sequences=pack_sequences,
                        logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size",
                                                     ActorConfig.logprob_chunk_tokens, minimum=1),

@@ -135,6 +135,10 @@ class ActorConfig:
     """``actor.model.attn_implementation``: the HF attention kernel of the actor's models (policy, reference,
     the InferenceGroup's copies): ``sdpa``, ``eager``, ``sdpa_varlen``, ``flash_attention_2``, ...
     (``hf_model.py``); None: ``sdpa_varlen`` when ``pack_sequences``, else transformers' default (sdpa)."""
+    compile_layers: bool = False
+    """``actor.model.compile_layers``: compile each decoder layer with ``torch.compile`` (``fsdp`` and ``ddp``;
+    ``hf_model.compile_decoder_layers``): the layers' small ops fused around the matmuls, the attention kernel left
+    eager. Costs a compile at the first update (and a recompile when shapes first change)."""
     logprob_chunk_tokens: int = 1024
     """``actor.model.logprob_chunk_size``: response tokens per LM-head chunk when computing log-probs."""
     fsdp_cpu_offload: bool = False

@@ -1,5 +1,6 @@
 """Loading a HF causal LM for the actor's backends and the InferenceGroup: one place that sets the dtype and
-the attention kernel (``actor.model.attn_implementation``)."""
+the attention kernel (``actor.model.attn_implementation``), and compiles its decoder layers
+(``actor.model.compile_layers``)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,21 @@ def load_causal_lm(model_path: str, *, dtype: torch.dtype, attn_implementation: 
     packed_attention.register()
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **extra)
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> int:
+    """Compile each decoder layer's ``forward`` with ``torch.compile`` in place; the number compiled.
+
+    Per layer, not the whole model: every layer runs the same code, so one compiled graph serves them all, and
+    what wraps a layer stays eager: FSDP2's gather and reshard hooks and gradient checkpointing (they run around
+    ``forward``, not inside it). What it fuses is the per-op overhead of a layer's small ops (RMSNorm in fp32, RoPE,
+    SiLU, the residual adds) around the matmuls. The attention kernel itself is left out of the graph
+    (``packed_attention`` marks its packed-row function so): its row boundaries are Python integers that would
+    recompile it for every new batch. Token counts change from pass to pass, so the graphs are compiled with
+    dynamic shapes after the first."""
+    from rlinf_search.workers.actor.parallel import decoder_layers
+
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward)
+    return len(layers)

@@ -114,6 +114,7 @@ def packed_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
+@torch.compiler.disable  # row boundaries as Python ints: compiled, every new batch would recompile it
 def sdpa_varlen_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                         **kwargs) -> tuple[torch.Tensor, None]:

@@ -37,7 +37,7 @@ from rlinf_search.data.rank_plan import (
 )
 from rlinf_search.data.turn_rows import split_turns
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
-from rlinf_search.workers.actor.hf_model import load_causal_lm
+from rlinf_search.workers.actor.hf_model import compile_decoder_layers, load_causal_lm
 from rlinf_search.workers.actor.logprobs import score_rows
 from rlinf_search.workers.actor.parallel import (
     COMPUTE_DTYPES,
@@ -91,6 +91,8 @@ class PolicyTrainer:
         self.model = self._build_model()
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
+        if config.compile_layers:
+            compile_decoder_layers(self.model)
         self.model.train()
         self.rank, self.world_size, group = self._data_parallel_world()
         self.parallel = self._parallel(group)
