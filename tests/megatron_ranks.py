@@ -144,6 +144,10 @@ def train_one_step(rank: int, world_size: int, port: int, model_dir: str, out_di
               "data": parallel_state.get_data_parallel_group()}
     result = {"rows": rows, "old": old, "metrics": metrics, "passes": passes,
               "weights": trainer.rollout_state_dict() if rank == 0 else None,
+              "core_attention": type(trainer.gpt.decoder.layers[0].self_attention.core_attention).__name__,
+              "adam_fused": [group["fused"] for inner in getattr(trainer.optimizer, "chained_optimizers",
+                                                                 [trainer.optimizer])
+                             for group in inner.optimizer.param_groups],
               "timeouts_s": {name: group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
                              for name, group in groups.items()}}
     Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))

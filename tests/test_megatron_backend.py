@@ -192,6 +192,10 @@ def test_recipe_validates_on_cpu(recipe):
     (lambda c: c.actor.update({"training_backend": "deepspeed"}), "actor.training_backend: unknown 'deepspeed'"),
     (lambda c: c.actor.model.update({"attn_implementation": "sdpa"}),
      "actor.model.attn_implementation: read by the HF backends (fsdp, ddp) only"),
+    (lambda c: c.actor.model.update({"compile_layers": True}),
+     "actor.model.compile_layers: read by the HF backends (fsdp, ddp) only"),
+    (lambda c: c.actor.megatron.update({"core_attention": "flash"}),
+     "actor.megatron.core_attention must be one of local, sdpa, got 'flash'"),
     (lambda c: c.actor.update({"training_backend": "fsdp"}),
      "actor.model.tensor_model_parallel_size: read by actor.training_backend: megatron only"),
 ])
@@ -243,11 +247,14 @@ def test_gpt_model_builds_loads_hf_weights_and_matches_hf_logits(untied_model_di
     torch.testing.assert_close(result["logits"][mask], result["hf_logits"][mask], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["tp2", "dp2"])
-def test_megatron_trainer_update_matches_the_one_process_trainer(untied_model_dir, tmp_path, tensor_parallel):
-    """Two ranks as tensor parallel 2 or data parallel 2 (megatron-core's DDP and distributed optimizer), every
-    rank given the whole batch as the runner sends it; uneven rows over several micro-batches and two
-    mini-batches, against one ``ddp`` process in fp32."""
+@pytest.mark.parametrize("tensor_parallel, core_attention", [(2, "local"), (1, "local"), (2, "sdpa")],
+                         ids=["tp2", "dp2", "tp2-sdpa"])
+def test_megatron_trainer_update_matches_the_one_process_trainer(untied_model_dir, tmp_path, tensor_parallel,
+                                                                 core_attention):
+    """Two ranks as tensor parallel 2 or data parallel 2 (megatron-core's DDP and distributed optimizer, torch's
+    Adam in its fused kernel), every rank given the whole batch as the runner sends it; uneven rows over several
+    micro-batches and two mini-batches, against one ``ddp`` process in fp32. ``sdpa``: the attention core through
+    torch's SDPA (left-padded rows, so padding positions that see no key)."""
     from rlinf_search.workers.actor.logprobs import place_rows
     from rlinf_search.workers.actor.megatron.config import MegatronConfig
     from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
@@ -262,13 +269,15 @@ def test_megatron_trainer_update_matches_the_one_process_trainer(untied_model_di
     expected = single.train_on_batch(batch)
     megatron_config = replace(config, training_backend="megatron",
                               megatron=MegatronConfig(tensor_model_parallel_size=tensor_parallel,
-                                                      distributed_timeout_minutes=7))
+                                                      distributed_timeout_minutes=7, core_attention=core_attention))
     (tmp_path / "config.pkl").write_bytes(pickle.dumps(megatron_config))
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(replace(batch, old_logprobs=None)))
     _spawn(train_one_step, 2, str(untied_model_dir), str(tmp_path))
     ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
     # actor.megatron.distributed_timeout_minutes reaches megatron-core's groups
     assert all(r["timeouts_s"] == {"tensor": 420.0, "data": 420.0} for r in ranks), [r["timeouts_s"] for r in ranks]
+    expected_core = {"local": "DotProductAttention", "sdpa": "SdpaCoreAttention"}[core_attention]
+    assert all(r["core_attention"] == expected_core and r["adam_fused"] and all(r["adam_fused"]) for r in ranks)
     for result in ranks:
         rows = result["rows"]
         torch.testing.assert_close(result["old"], batch.old_logprobs[rows, : result["old"].shape[1]], atol=1e-5, rtol=0)

@@ -54,7 +54,7 @@ SCHEMA: dict[str, Any] = {
                         "logprob_chunk_size": None, "attn_implementation": None, "compile_layers": None,
                         **{key: None for key in MEGATRON_MODEL_KEYS}},
               "fsdp_config": {"cpu_offload": None},
-              "megatron": {"use_hf_ckpt": None, "distributed_timeout_minutes": None,
+              "megatron": {"use_hf_ckpt": None, "distributed_timeout_minutes": None, "core_attention": None,
                            "ckpt_convertor": {key: None for key in MEGATRON_CONVERTER_KEYS}},
               "offload_weight": None, "offload_grad": None, "offload_optimizer": None, "pack_traj": None,
               "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,

@@ -12,7 +12,8 @@ from typing import Any
 # The actor.model keys only this backend reads (an FSDP run naming them would be silently ignored).
 MODEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
               "recompute_granularity", "recompute_method", "recompute_num_layers")
-MEGATRON_KEYS = ("use_hf_ckpt", "distributed_timeout_minutes", "ckpt_convertor")
+MEGATRON_KEYS = ("use_hf_ckpt", "distributed_timeout_minutes", "ckpt_convertor", "core_attention")
+CORE_ATTENTIONS = ("local", "sdpa")
 CONVERTER_KEYS = ("hf_model_path", "save_path", "tensor_model_parallel_size", "pipeline_model_parallel_size")
 
 
@@ -57,6 +58,10 @@ class MegatronConfig:
     (checkpoint gathers of a large model are slow)."""
     converter: CheckpointConverterConfig | None = None
     """``actor.megatron.ckpt_convertor``."""
+    core_attention: str = "local"
+    """``actor.megatron.core_attention``: ``local`` (megatron-core's ``DotProductAttention``: a ``[b x heads, L, L]``
+    score buffer and an fp32 softmax per layer) or ``sdpa`` (``megatron/sdpa_attention.py``: torch's fused
+    attention, no score matrix kept; untested on GPU)."""
 
     def __post_init__(self) -> None:
         if self.tensor_model_parallel_size < 1:
@@ -77,6 +82,9 @@ class MegatronConfig:
         elif self.recompute_method is not None or self.recompute_num_layers is not None:
             raise ValueError("actor.model.recompute_method / recompute_num_layers apply to "
                              "recompute_granularity: full only")
+        if self.core_attention not in CORE_ATTENTIONS:
+            raise ValueError(f"actor.megatron.core_attention must be one of {', '.join(CORE_ATTENTIONS)}, "
+                             f"got {self.core_attention!r}")
         if self.distributed_timeout_minutes < 1:
             raise ValueError("actor.megatron.distributed_timeout_minutes must be >= 1")
 
@@ -118,4 +126,5 @@ def megatron_config_from_actor(actor: dict[str, Any], *, default_hf_model_path: 
         sequence_parallel=bool(model.get("sequence_parallel", False)),
         recompute_granularity=model.get("recompute_granularity"), recompute_method=model.get("recompute_method"),
         recompute_num_layers=None if recompute_layers is None else int(recompute_layers),
-        distributed_timeout_minutes=int(megatron.get("distributed_timeout_minutes", 30)), converter=converter_config)
+        distributed_timeout_minutes=int(megatron.get("distributed_timeout_minutes", 30)), converter=converter_config,
+        core_attention=str(megatron.get("core_attention", MegatronConfig.core_attention)))

@@ -72,13 +72,23 @@ def transformer_config(layout: QwenLayout, config: MegatronConfig, *, dtype: tor
     )
 
 
+def layer_spec(core_attention: str):
+    """megatron-core's local layer spec (plain torch modules: needs neither Transformer Engine nor Apex), its core
+    attention the local ``DotProductAttention`` or ``sdpa_attention.SdpaCoreAttention``."""
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if core_attention == "sdpa":
+        from rlinf_search.workers.actor.megatron.sdpa_attention import SdpaCoreAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SdpaCoreAttention
+    return spec
+
+
 def build_gpt_model(layout: QwenLayout, config: MegatronConfig, *, dtype: torch.dtype = torch.float32) -> GPTModel:
     """This rank's shard of an (uninitialised) Qwen2 ``GPTModel``; load weights next."""
     layout.check_tensor_parallel(config.tensor_model_parallel_size)
     return GPTModel(
         config=transformer_config(layout, config, dtype=dtype),
-        # The local spec (plain torch modules) needs neither Transformer Engine nor Apex.
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=layer_spec(config.core_attention),
         vocab_size=layout.padded_vocab_size(config.tensor_model_parallel_size),
         max_sequence_length=layout.max_position_embeddings, position_embedding_type="rope",
         rotary_base=layout.rope_theta, share_embeddings_and_output_weights=layout.tie_word_embeddings,

@@ -10,7 +10,9 @@
 
 Weight decay follows megatron-core: biases and norm weights are not decayed (torch's AdamW in the ``ddp``
 and ``fsdp`` backends decays every parameter). Adam itself is Transformer Engine's or Apex's fused kernel
-where installed, torch's AdamW otherwise (megatron-core chooses).
+where installed, torch's AdamW otherwise (megatron-core chooses); torch's is switched to its fused kernel
+(``fuse_torch_adam``), as the other backends use it: megatron-core builds it with the default, the per-tensor
+``foreach`` path, which makes full-size fp32 temporaries and a kernel per step of the update.
 """
 
 from __future__ import annotations
@@ -62,7 +64,27 @@ def build_distributed_optimizer(model: DistributedDataParallel, optim: OptimConf
                              adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
                              clip_grad=optim.clip_grad, bf16=dtype == torch.bfloat16, params_dtype=dtype,
                              use_distributed_optimizer=True)
-    return get_megatron_optimizer(config, [model])
+    optimizer = get_megatron_optimizer(config, [model])
+    fuse_torch_adam(optimizer)
+    return optimizer
+
+
+def fuse_torch_adam(optimizer: MegatronOptimizer, fused: bool = True) -> int:
+    """Run the torch Adam(W) inside megatron-core's optimizer with its fused kernel (or, ``fused=False``, the
+    ``foreach`` one megatron-core leaves it with; the benchmark compares the two); how many were switched. torch
+    reads the choice from each param group at every step, and makes its step counters where the fused kernel wants
+    them when it first steps, so this must run before the first step. Fused Adam runs on CUDA and on CPU."""
+    switched = 0
+    for inner in _chained(optimizer):
+        adam = getattr(inner, "optimizer", None)
+        if not isinstance(adam, (torch.optim.Adam, torch.optim.AdamW)):
+            continue  # Transformer Engine's or Apex's FusedAdam: fused already
+        if adam.state:
+            raise RuntimeError("fuse_torch_adam: the optimizer has stepped already; switch before the first step")
+        for group in adam.param_groups:
+            group["fused"], group["foreach"] = (True, False) if fused else (None, None)
+        switched += 1
+    return switched
 
 
 def step_if_finite(optimizer: MegatronOptimizer) -> float:
