@@ -3,6 +3,7 @@
     python benchmarks/gpu_actor_step.py                      # qwen2.5-3b shape, 8,192 tokens per micro-batch
     python benchmarks/gpu_actor_step.py --shape qwen2.5-0.5b --updates 3 --mbs-tokens 4096
     python benchmarks/gpu_actor_step.py --backend megatron  # bf16 GPTModel, distributed optimizer, full recompute
+    python benchmarks/gpu_actor_step.py --compile-layers     # a lever on (each is a flag and a column)
 
 It needs only torch, transformers and this package (no vLLM, no Ray, no network), so it runs on a bare
 GPU machine. The model is Qwen2.5's published shape with random weights made here
@@ -12,17 +13,27 @@ packed rows and chunked log-probs, as in ``examples/searchr1/config/qwen2.5-3b-t
 or (``--backend megatron``) megatron-core at tensor parallel 1: bf16 parameters, fp32 gradient buffer,
 distributed optimizer, full recompute of every layer, padded rows, as in ``qwen2.5-3b-tool-1node.yaml``.
 
+Levers, each a flag and a column, so a run with and a run without it sit side by side in one table:
+``--compile-layers`` (``actor.model.compile_layers``: each decoder layer through ``torch.compile``; fsdp),
+``--core-attention sdpa`` (``actor.megatron.core_attention``: torch's fused attention in place of
+megatron-core's local one), ``--unfused-adam`` (torch's Adam back on its ``foreach`` path: the fused kernel is the
+default on every backend now). The weight gather a sync needs is timed apart from the update (``gather s``):
+Megatron's trainer gathers its shards to the host after every update, which an earlier version of this benchmark
+timed as part of the update.
+
 Printed: the peak of ``torch.cuda.max_memory_allocated`` over the timed updates beside
 ``toolkits.memory_plan``'s plan for one rank (which holds for checkpointing on), training tokens per
-second (every token of a row goes through forward and backward), and model FLOPs utilisation: 6 x
-parameters x tokens/s plus attention (12 x layers x hidden x tokens x mean row length), over the GPU's
-dense bf16 peak (``--peak-tflops``; 989 for H100/H200 SXM). Recomputation by checkpointing is not
-counted as useful work, as is usual for MFU. Results and commands: docs/benchmarks.md.
+second (every token of a row goes through forward and backward), model FLOPs utilisation and hardware FLOPs
+utilisation over the GPU's dense bf16 peak (``--peak-tflops``; 989 for H100/H200 SXM). The FLOPs are
+``toolkits/update_flops.py``'s count, printed beside the result: the LM head charged to the scored tokens only,
+recomputation (and Megatron's head on unscored positions) in HFU, not in MFU. Results and commands:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import tempfile
@@ -31,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+PROMPT_TOKENS = 512
+"""The prompt of every random row."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,16 +58,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak")
     parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--backend", default="fsdp", choices=["fsdp", "megatron"])
+    parser.add_argument("--compile-layers", action="store_true", help="actor.model.compile_layers (fsdp)")
+    parser.add_argument("--core-attention", default="local", choices=["local", "sdpa"],
+                        help="actor.megatron.core_attention (megatron)")
+    parser.add_argument("--unfused-adam", action="store_true", help="torch's Adam on its foreach path, not fused")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="run the same steps on CPU to check the script (its figures mean nothing)")
     args = parser.parse_args(argv)
+    if args.row_tokens // 2 <= PROMPT_TOKENS:
+        parser.error(f"--row-tokens must be at least {2 * PROMPT_TOKENS + 2}: rows are a {PROMPT_TOKENS}-token prompt "
+                     "and a response, from half --row-tokens long to all of it")
+    if args.compile_layers and args.backend != "fsdp":
+        parser.error("--compile-layers is a lever of the fsdp backend (actor.model.compile_layers)")
+    if args.core_attention != "local" and args.backend != "megatron":
+        parser.error("--core-attention is a lever of the megatron backend (actor.megatron.core_attention)")
 
     import torch
 
     from rlinf_search.workers.actor.backends import build_trainer
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
     from rlinf_search.workers.actor.memory_plan import plan_actor_memory
+    from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
+    from rlinf_search.data.rank_plan import plan_passes
     from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch
+    from toolkits.update_flops import FORMULA, batch_flops
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
     if not cuda and not args.cpu_smoke:
@@ -78,43 +106,83 @@ def main(argv: list[str] | None = None) -> int:
 
             megatron = MegatronConfig(recompute_granularity=None if args.no_checkpointing else "full",
                                       recompute_method=None if args.no_checkpointing else "uniform",
-                                      recompute_num_layers=None if args.no_checkpointing else 1)
+                                      recompute_num_layers=None if args.no_checkpointing else 1,
+                                      core_attention=args.core_attention)
         fsdp = args.backend == "fsdp"
         config = ActorConfig(model_path=model_dir, training_backend=args.backend, dtype="bfloat16",
                              gradient_checkpointing=fsdp and not args.no_checkpointing, pack_sequences=fsdp,
+                             compile_layers=args.compile_layers,
                              logprob_chunk_tokens=1024, max_tokens_per_mbs=args.mbs_tokens, n_minibatches=1,
                              shuffle_rollout=False, optim=OptimConfig(lr=1e-6, total_steps=100),
                              loss=PolicyLossConfig(kl_beta=0.0), megatron=megatron)
         trainer = build_trainer(config)
-    batch = random_rollout_batch(rows=args.rows, row_tokens=args.row_tokens, prompt_tokens=512)
+        if args.unfused_adam:
+            set_adam_fused(trainer, False)
+    batch = random_rollout_batch(rows=args.rows, row_tokens=args.row_tokens, prompt_tokens=PROMPT_TOKENS)
     tokens = int(batch.attention_mask.sum())
-    mean_row = tokens / args.rows
-    trainer.train_on_batch(batch)  # warm-up: optimizer state allocated, kernels chosen
+    # PolicyTrainer's update itself: Megatron's override adds the host gather, which is timed apart (gather s).
+    update = functools.partial(PolicyTrainer.train_on_batch, trainer)
+    update(batch)  # warm-up: optimizer state allocated, kernels chosen (and compiled)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     for _ in range(args.updates):
-        metrics = trainer.train_on_batch(batch)
+        metrics = update(batch)
     if cuda:
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - started) / args.updates
     peak = torch.cuda.max_memory_allocated() / 1024 ** 3 if cuda else float("nan")
-    flops_per_token = 6 * n_params + 12 * shape.num_hidden_layers * shape.hidden_size * mean_row
+    started = time.perf_counter()
+    gather_weights(trainer, torch.bfloat16)
+    if cuda:
+        torch.cuda.synchronize()
+    gather_s = time.perf_counter() - started
+    head_positions = None
+    if not fsdp:  # the Megatron wrapper's full-vocabulary logits: every position of every padded micro-batch
+        work = plan_passes(batch, list(range(len(batch))), rank=0, world_size=1, max_tokens=args.mbs_tokens)
+        head_positions = sum(batch.select(group).input_ids.numel() for group in work.passes if group)
+    recompute = "none" if args.no_checkpointing else ("layers" if fsdp else "full")
+    flops = batch_flops(shape, batch, recompute=recompute, head_positions=head_positions)
     tokens_per_s = tokens / seconds
-    mfu = flops_per_token * tokens_per_s / (args.peak_tflops * 1e12)
+    mfu = flops.useful / seconds / (args.peak_tflops * 1e12)
+    hfu = flops.executed / seconds / (args.peak_tflops * 1e12)
     plan = plan_actor_memory(shape, ranks=1, mbs_tokens=args.mbs_tokens, backend=args.backend).total / 1024 ** 3
-    print(f"{'device':<28}{'backend':<10}{'shape':<14}{'tokens/update':>14}{'mbs tokens':>11}{'ckpt':>6}{'peak GiB':>10}"
-          f"{'plan GiB':>10}{'s/update':>10}{'tokens/s':>10}{'MFU':>7}")
+    levers = f"{'on' if args.compile_layers else 'off'}/{args.core_attention}/{'foreach' if args.unfused_adam else 'fused'}"
+    print(f"{'device':<28}{'backend':<10}{'shape':<14}{'compile/attn/adam':<20}{'tokens/update':>14}{'mbs tokens':>11}"
+          f"{'ckpt':>6}{'peak GiB':>10}{'plan GiB':>10}{'s/update':>10}{'gather s':>10}{'tokens/s':>10}{'MFU':>7}"
+          f"{'HFU':>7}")
     device = torch.cuda.get_device_name() if cuda else "cpu (smoke run)"
-    print(f"{device:<28}{args.backend:<10}{args.shape:<14}{tokens:>14}{args.mbs_tokens:>11}"
-          f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{plan:>10.1f}{seconds:>10.2f}{tokens_per_s:>10.0f}"
-          f"{100 * mfu:>6.1f}%")
+    print(f"{device:<28}{args.backend:<10}{args.shape:<14}{levers:<20}{tokens:>14}{args.mbs_tokens:>11}"
+          f"{'off' if args.no_checkpointing else 'on':>6}{peak:>10.1f}{plan:>10.1f}{seconds:>10.2f}{gather_s:>10.2f}"
+          f"{tokens_per_s:>10.0f}{100 * mfu:>6.1f}%{100 * hfu:>6.1f}%")
     print(f"loss finite: {all(map(math.isfinite, metrics.values()))}; grad_norm {metrics['actor/grad_norm']:.3g}; "
           f"rows packed: {getattr(trainer, 'packed', False)} ({config.model_attention if fsdp else 'megatron-core'} "
-          f"attention); FLOPs/token = 6 x {n_params / 1e9:.2f} B params + 12 x layers x hidden x mean row "
-          f"({mean_row:.0f}), head counted for every token, recompute not counted")
+          f"attention)")
+    print(f"TFLOPs per update: layers {flops.layers / 1e12:.1f}, attention {flops.attention / 1e12:.1f}, head "
+          f"{flops.head / 1e12:.1f}; recompute {flops.recompute / 1e12:.1f} ({recompute}), unscored head "
+          f"{flops.unscored_head / 1e12:.1f}. {FORMULA}")
     return 0
+
+
+def set_adam_fused(trainer, fused: bool) -> None:
+    """The trainer's torch Adam on its fused kernel or its ``foreach`` path (before its first step)."""
+    if trainer.config.training_backend == "megatron":
+        from rlinf_search.workers.actor.megatron.optimizer import fuse_torch_adam
+
+        fuse_torch_adam(trainer.optimizer, fused)
+        return
+    for group in trainer.optimizer.param_groups:
+        group["fused"], group["foreach"] = (True, False) if fused else (None, None)
+
+
+def gather_weights(trainer, dtype) -> None:
+    """What a weight sync asks of the trainer: Megatron gathers its shards to the host (after every update, inside
+    ``train_on_batch``); FSDP gathers them in the sync's dtype."""
+    if trainer.config.training_backend == "megatron":
+        trainer._refresh_hf_state()
+    else:
+        trainer.rollout_state_dict(dtype)
 
 
 if __name__ == "__main__":

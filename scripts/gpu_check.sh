@@ -29,11 +29,16 @@ STEPS="${GPU_CHECK_STEPS:-all}"  # e.g. GPU_CHECK_STEPS="machine offload_fsdp" r
 # Named sets, each under one 10-minute call by its timeouts:
 #   packing (470 s): packed rows through sdpa_varlen, flex and flash against padded sdpa (log-probs and gradients),
 #   the 3B FSDP2 update with packed rows (MFU), and a 16k-token packed micro-batch at the 3B shape.
+#   mfu (550 s): the 3B update's levers side by side: FSDP2 eager and with compiled layers, Megatron with SDPA core
+#   attention (MFU, HFU, gather s; toolkits/update_flops.py's count).
+#   megatron (560 s): Megatron at 3B with its local and its SDPA core attention, and the dtype of every matmul.
 #   sync (about 300 s): the CUDA IPC sync at the 3B shape (sender and HF engine on one GPU: seconds, host RSS, exact)
 #   and the actor's gather for a sync (fp32 against bf16); tests/test_gpu.py holds the IPC correctness test.
 case "$STEPS" in
     packing) STEPS="machine test_gpu gpu_actor_step_fsdp packed_16k" ;;
     sync) STEPS="machine ipc_sync weight_sync" ;;
+    mfu) STEPS="machine gpu_actor_step_fsdp gpu_actor_step_fsdp_compile gpu_actor_step_megatron_sdpa" ;;
+    megatron) STEPS="machine gpu_actor_step_megatron gpu_actor_step_megatron_sdpa matmul_dtypes" ;;
 esac
 step() {  # step NAME SECONDS COMMAND...: run one check under its own timeout, its output in the log
     local name="$1" seconds="$2"
@@ -57,7 +62,10 @@ step machine 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version
 step test_gpu 130 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
 step gpu_actor_step_fsdp 130 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b
 step packed_16k 150 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --mbs-tokens 16384 --rows 8 --updates 1
+step gpu_actor_step_fsdp_compile 160 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --compile-layers
 step gpu_actor_step_megatron 200 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --backend megatron
+step gpu_actor_step_megatron_sdpa 200 "$PY" benchmarks/gpu_actor_step.py --shape qwen2.5-3b --backend megatron \
+    --core-attention sdpa
 step matmul_dtypes 100 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --backends megatron --recompute full
 step offload_fsdp 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend fsdp
 step offload_megatron 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend megatron
