@@ -12,7 +12,8 @@
 # (the dtype of every matmul of a Megatron update with full recompute, forward and backward apart);
 # benchmarks/offload_memory.py for FSDP2 and Megatron at the 0.5B shape (device memory before, during and after
 # actor.offload_*); benchmarks/ipc_sync.py at the 3B shape (a CUDA IPC weight sync into an HF engine on the same
-# GPU: seconds, host RSS, bit-exact); benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight
+# GPU: seconds, host RSS, bit-exact); benchmarks/grpo_step.py (a whole GRPO step in one process, no Ray);
+# benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight
 # sync, fp32 against bf16). The step timeouts add up to 15 minutes, past the 10 one call may run: the
 # steps before the offload ones took 5 min 45 s in all on an H200; on a short loan pick steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md section 7.
 set -uo pipefail
@@ -32,11 +33,14 @@ STEPS="${GPU_CHECK_STEPS:-all}"  # e.g. GPU_CHECK_STEPS="machine offload_fsdp" r
 #   mfu (550 s): the 3B update's levers side by side: FSDP2 eager and with compiled layers, Megatron with SDPA core
 #   attention (MFU, HFU, gather s; toolkits/update_flops.py's count).
 #   megatron (560 s): Megatron at 3B with its local and its SDPA core attention, and the dtype of every matmul.
+#   grpo (about 240 s): a whole GRPO step in one process at the 0.5B shape (HF engine rollout, FSDP2 update, the
+#   bucket sync device to device: benchmarks/grpo_step.py) and the CUDA IPC sync between two processes.
 #   sync (about 300 s): the CUDA IPC sync at the 3B shape (sender and HF engine on one GPU: seconds, host RSS, exact)
 #   and the actor's gather for a sync (fp32 against bf16); tests/test_gpu.py holds the IPC correctness test.
 case "$STEPS" in
     packing) STEPS="machine test_gpu gpu_actor_step_fsdp packed_16k" ;;
     sync) STEPS="machine ipc_sync weight_sync" ;;
+    grpo) STEPS="machine grpo_step ipc_sync" ;;
     mfu) STEPS="machine gpu_actor_step_fsdp gpu_actor_step_fsdp_compile gpu_actor_step_megatron_sdpa" ;;
     megatron) STEPS="machine gpu_actor_step_megatron gpu_actor_step_megatron_sdpa matmul_dtypes" ;;
 esac
@@ -70,5 +74,6 @@ step matmul_dtypes 100 "$PY" benchmarks/matmul_dtypes.py --shape qwen2.5-0.5b --
 step offload_fsdp 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend fsdp
 step offload_megatron 90 "$PY" benchmarks/offload_memory.py --shape qwen2.5-0.5b --backend megatron
 step ipc_sync 150 "$PY" benchmarks/ipc_sync.py --shape qwen2.5-3b
+step grpo_step 150 "$PY" benchmarks/grpo_step.py --shape qwen2.5-0.5b --prompts 16 --group 4
 step weight_sync 150 "$PY" benchmarks/weight_sync.py --ranks 1 --shape qwen2.5-1.5b --dtypes float32,bfloat16
 echo "gpu_check: done; log in $LOG" | tee -a "$LOG"
