@@ -79,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
     from rlinf_search.workers.actor.memory_plan import plan_actor_memory
     from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
-    from rlinf_search.data.rank_plan import plan_passes
     from toolkits.model_shapes import qwen_config, random_model, random_rollout_batch
-    from toolkits.update_flops import FORMULA, batch_flops
+    from toolkits.update_flops import FORMULA, batch_flops, scored_tokens
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
     if not cuda and not args.cpu_smoke:
@@ -138,10 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.synchronize()
     gather_s = time.perf_counter() - started
-    head_positions = None
-    if not fsdp:  # the Megatron wrapper's full-vocabulary logits: every position of every padded micro-batch
-        work = plan_passes(batch, list(range(len(batch))), rank=0, world_size=1, max_tokens=args.mbs_tokens)
-        head_positions = sum(batch.select(group).input_ids.numel() for group in work.passes if group)
+    # The Megatron wrapper runs its head on the scored positions, not in checkpointed chunks: no head recompute.
+    head_positions = None if fsdp else scored_tokens(batch)
     recompute = "none" if args.no_checkpointing else ("layers" if fsdp else "full")
     flops = batch_flops(shape, batch, recompute=recompute, head_positions=head_positions)
     tokens_per_s = tokens / seconds

@@ -16,8 +16,9 @@ Only matrix products are counted (norms, activations, the softmax are a rounding
   last product); ``"full"`` (Megatron's full recompute): each layer's whole forward; ``"none"``. And under the HF
   backends the LM head's forward on every scored token always (each head chunk is checkpointed,
   ``token_scoring.chunked_logprobs``).
-- **unscored head**: the head on tokens nobody reads. The Megatron wrapper computes full-vocabulary logits for
-  every position of its padded rows (forward and backward) and the loss then picks the scored ones.
+- **unscored head**: the head on positions nobody reads (``head_positions`` beyond the scored tokens): a model
+  scored from every position's full-vocabulary logits. The Megatron wrapper did so until it took the predicting
+  positions (``MegatronCausalLM.picks_positions``); it now runs the head on the scored tokens, unchecked.
 
 MFU divides ``useful`` by time and the GPU's peak; ``executed`` (all of it) gives the hardware FLOPs
 utilisation. ``tests/test_update_flops.py`` holds this count against torch's ``FlopCounterMode`` on a real update.
@@ -101,9 +102,13 @@ def update_flops(config, *, row_lengths: list[int], scored_tokens: int, recomput
     return UpdateFlops(layers=projections, attention=attention, head=head, recompute=again, unscored_head=unscored)
 
 
+def scored_tokens(batch) -> int:
+    """The tokens of a ``RolloutBatch`` the policy loss reads: its model's own response tokens."""
+    return int((batch.response_mask.bool() & batch.attention_mask[:, batch.prompt_length:].bool()).sum())
+
+
 def batch_flops(config, batch, *, recompute: str = "none", head_positions: int | None = None) -> UpdateFlops:
     """``update_flops`` of a ``RolloutBatch``: its rows' real tokens, its model tokens scored."""
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
-    scored = int((batch.response_mask.bool() & batch.attention_mask[:, batch.prompt_length:].bool()).sum())
-    return update_flops(config, row_lengths=lengths, scored_tokens=scored, recompute=recompute,
+    return update_flops(config, row_lengths=lengths, scored_tokens=scored_tokens(batch), recompute=recompute,
                         head_positions=head_positions)

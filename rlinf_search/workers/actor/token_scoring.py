@@ -177,7 +177,8 @@ class TokenScorer(torch.nn.Module):
 
     It is the module data parallelism wraps (FSDP's root, or DDP's module): the LM head is used inside its
     forward, where FSDP has the root's parameters gathered. A model without a separate head
-    (``get_output_embeddings``) is scored from its full logits instead (the Megatron wrapper).
+    (``get_output_embeddings``) is scored from its logits instead: at the predicting positions alone when it
+    takes them (``picks_positions``: the Megatron wrapper), else from every position's.
     """
 
     def __init__(self, lm: torch.nn.Module, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
@@ -199,8 +200,11 @@ class TokenScorer(torch.nn.Module):
             return chunked_logprobs(self.lm.get_output_embeddings(), picked, layout.targets.to(device),
                                     temperature=temperature, chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad,
                                     candidates=candidates, with_entropy=with_entropy)
-        logits = self.lm(**kwargs).logits
-        picked = logits.reshape(-1, logits.shape[-1])[layout.predictors.to(device)]
+        if getattr(self.lm, "picks_positions", False):  # the head runs on the predicting positions alone
+            picked = self.lm(**kwargs, positions=layout.predictors.to(device)).logits
+        else:
+            logits = self.lm(**kwargs).logits
+            picked = logits.reshape(-1, logits.shape[-1])[layout.predictors.to(device)]
         return chunked_logprobs(torch.nn.Identity(), picked, layout.targets.to(device), temperature=temperature,
                                 chunk_tokens=self.chunk_tokens, entropy_grad=entropy_grad, candidates=candidates,
                                 with_entropy=with_entropy)
