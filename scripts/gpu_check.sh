@@ -14,8 +14,8 @@
 # actor.offload_*); benchmarks/ipc_sync.py at the 3B shape (a CUDA IPC weight sync into an HF engine on the same
 # GPU: seconds, host RSS, bit-exact); benchmarks/grpo_step.py (a whole GRPO step in one process, no Ray);
 # benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight
-# sync, fp32 against bf16). The step timeouts add up to 15 minutes, past the 10 one call may run: the
-# steps before the offload ones took 5 min 45 s in all on an H200; on a short loan pick steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md section 7.
+# sync, fp32 against bf16). The step timeouts add up to about 30 minutes, three times what one call may run: pick a
+# named set below (each fits one call) or steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md section 7.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
