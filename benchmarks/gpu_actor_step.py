@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     mfu = flops.useful / seconds / (args.peak_tflops * 1e12)
     hfu = flops.executed / seconds / (args.peak_tflops * 1e12)
     plan = plan_actor_memory(shape, ranks=1, mbs_tokens=args.mbs_tokens, backend=args.backend).total / 1024 ** 3
-    levers = f"{'on' if args.compile_layers else 'off'}/{args.core_attention}/{'foreach' if args.unfused_adam else 'fused'}"
+    adam = "foreach" if args.unfused_adam else "fused"
+    levers = f"{'on' if args.compile_layers else 'off'}/{args.core_attention}/{adam}"
     print(f"{'device':<28}{'backend':<10}{'shape':<14}{'compile/attn/adam':<20}{'tokens/update':>14}{'mbs tokens':>11}"
           f"{'ckpt':>6}{'peak GiB':>10}{'plan GiB':>10}{'s/update':>10}{'gather s':>10}{'tokens/s':>10}{'MFU':>7}"
           f"{'HFU':>7}")
