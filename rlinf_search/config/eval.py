@@ -17,7 +17,7 @@ from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_int
 from rlinf_search.config.run import RunConfig, group_names, seq_length
-from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys
+from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys, check_values
 from rlinf_search.config.sections import (
     agent_loop,
     cluster_placement,
@@ -36,18 +36,23 @@ from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.rollout.config import RolloutConfig
 
+def _some(section: str, *names: str) -> dict:
+    """The training ``SCHEMA``'s declarations of ``names`` in ``section``: an eval reads them as training does."""
+    return {name: SCHEMA[section][name] for name in names}
+
+
 EVAL_SCHEMA = {
     "hydra": "*",
     "cluster": "*",
-    "runner": {"experiment_name": None, "output_dir": None, "seq_length": None},
-    "algorithm": {"group_size": None, "sampling_params": SCHEMA["algorithm"]["sampling_params"]},
+    "runner": _some("runner", "experiment_name", "output_dir", "seq_length"),
+    "algorithm": _some("algorithm", "group_size", "sampling_params"),
     "agent": SCHEMA["agent"],
     "agentloop": SCHEMA["agentloop"],
     "tools": SCHEMA["tools"],
     "rollout": SCHEMA["rollout"],
-    "data": {"max_prompt_length": None, "filter_overlong_prompts": None, "truncation": None,
-             "apply_chat_template": None, "seed": None, "val_data_paths": None},
-    "reward": {"group_name": None, "reward_type": None, "score": None, "reward_scale": None},
+    "data": _some("data", "max_prompt_length", "filter_overlong_prompts", "truncation", "apply_chat_template", "seed",
+                  "val_data_paths"),
+    "reward": SCHEMA["reward"],
 }
 
 
@@ -90,11 +95,12 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     """Check the whole eval config once; return its typed view. Raises ``ConfigError`` naming the key."""
     raw = resolve_raw(cfg, schema=EVAL_SCHEMA)
     check_keys(raw, EVAL_SCHEMA, "")
+    check_values(raw, EVAL_SCHEMA)
     output_dir = get(raw, "runner.output_dir")
     if not output_dir:
         raise ConfigError("runner.output_dir is required")
     limit = prompt_limit(raw, seq_length=seq_length(raw))
-    samples = get_int(raw, "algorithm.group_size", EvalConfig.samples_per_prompt, minimum=1)
+    samples = get_int(raw, "algorithm.group_size", EvalConfig.samples_per_prompt)
     sampling = sampling_params(raw)
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
     rollout = rollout_config(raw, sampling, recompute=True)

@@ -87,9 +87,6 @@ def resolve_pipeline(value: str | None, *, max_staleness: int, partial_rollout: 
     if value == "async":
         _check_minibatch_stream(value, placement=placement, adv_type=adv_type, ppo_epochs=ppo_epochs,
                                 n_minibatches=n_minibatches, batch=batch, critic=critic)
-        if max_staleness < 1:
-            raise ConfigError(f"runner.max_staleness must be >= 1 (steps the rollout may run ahead), got "
-                              f"{max_staleness}; for on-policy training use runner.pipeline sync or stream")
         return PipelineSettings("async", max_staleness=max_staleness, partial_rollout=partial_rollout)
     return PipelineSettings("sync")
 

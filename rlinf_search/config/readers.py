@@ -26,8 +26,9 @@ def get(raw: dict, dotted: str, default: Any = None) -> Any:
     return default if node is None else node
 
 
-def get_int(raw: dict, dotted: str, default: int | None, *, minimum: int | None = None) -> int | None:
-    """An integer key (null: ``default``), at least ``minimum`` when given."""
+def get_int(raw: dict, dotted: str, default: int | None) -> int | None:
+    """An integer key (null: ``default``). Its range is its declaration's (``config/keys.py``), checked before any
+    reader runs."""
     value = get(raw, dotted, default)
     if value is None:
         return None
@@ -37,8 +38,6 @@ def get_int(raw: dict, dotted: str, default: int | None, *, minimum: int | None 
         number = int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{dotted}: expected an integer, got {value!r}") from None
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"{dotted} must be >= {minimum}, got {number}")
     return number
 
 

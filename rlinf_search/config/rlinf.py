@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_search.config.readers import get
+from rlinf_search.config.keys import Key
 from rlinf_search.config.schema import ConfigError
 
 log = logging.getLogger(__name__)
@@ -310,7 +311,7 @@ def _leaves(node: dict, prefix: str = ""):
 def _known(schema: Any, path: str) -> bool:
     node = schema
     for part in path.split("."):
-        if node == "*" or node is None:
+        if node == "*" or node is None or isinstance(node, Key):
             return True
         if not isinstance(node, dict) or part not in node:
             return False

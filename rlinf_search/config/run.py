@@ -18,7 +18,7 @@ from rlinf_search.config.distill import distill_config
 from rlinf_search.config.pipeline import ASYNC_DEFAULTS, PipelineSettings, async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_registered
-from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys
+from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys, check_values
 from rlinf_search.config.sections import (
     agent_loop,
     cluster_placement,
@@ -182,30 +182,26 @@ def _runner(raw: dict) -> RunnerConfig:
         experiment_name=str(get(raw, "runner.logger.experiment_name",
                                 get(raw, "runner.experiment_name", RunnerConfig.experiment_name))),
         max_steps=_max_steps(raw),
-        max_epochs=get_int(raw, "runner.max_epochs", RunnerConfig.max_epochs, minimum=1),
-        val_check_interval=get_int(raw, "runner.val_check_interval", RunnerConfig.val_check_interval, minimum=0),
-        save_interval=get_int(raw, "runner.save_interval", RunnerConfig.save_interval, minimum=0),
+        max_epochs=get_int(raw, "runner.max_epochs", RunnerConfig.max_epochs),
+        val_check_interval=get_int(raw, "runner.val_check_interval", RunnerConfig.val_check_interval),
+        save_interval=get_int(raw, "runner.save_interval", RunnerConfig.save_interval),
         seq_length=seq_length(raw),
-        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
+        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None),
         resume_dir=get(raw, "runner.resume_dir"),
         log_path=str(get(raw, "runner.logger.log_path", Path(output_dir) / "logs")), logger_backends=tuple(backends),
         project_name=str(get(raw, "runner.logger.project_name", RunnerConfig.project_name)),
-        rollout_dump=get_int(raw, "runner.rollout_dump", RunnerConfig.rollout_dump, minimum=0))
+        rollout_dump=get_int(raw, "runner.rollout_dump", RunnerConfig.rollout_dump))
 
 
 def seq_length(raw: dict) -> int:
     """``runner.seq_length``: the prompt + response token budget (an eval reads it too)."""
-    return get_int(raw, "runner.seq_length", RunnerConfig.seq_length, minimum=2)
+    return get_int(raw, "runner.seq_length", RunnerConfig.seq_length)
 
 
 def _max_steps(raw: dict) -> int | None:
     """``runner.max_steps``: a step count, or -1 for none (``max_epochs`` then ends the run)."""
     steps = get_int(raw, "runner.max_steps", RunnerConfig.max_steps)
-    if steps == -1:
-        return None
-    if steps < 1:
-        raise ConfigError(f"runner.max_steps must be >= 1, or -1 to let runner.max_epochs end the run; got {steps}")
-    return steps
+    return None if steps == -1 else steps
 
 
 def _total_steps(runner: RunnerConfig, train_paths: tuple[str, ...], batch: int) -> int:
@@ -240,9 +236,9 @@ def group_names(raw: dict, components: tuple[str, ...] | None = None) -> dict[st
 
 def _batching(raw: dict) -> tuple[int, int, str]:
     """(``algorithm.group_size``, ``data.rollout_batch_size``, ``algorithm.adv_type``), checked together."""
-    group_size = get_int(raw, "algorithm.group_size", RunConfig.group_size, minimum=1)
-    batch = get_int(raw, "data.rollout_batch_size", RunConfig.rollout_batch_size, minimum=1)
-    minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
+    group_size = get_int(raw, "algorithm.group_size", RunConfig.group_size)
+    batch = get_int(raw, "data.rollout_batch_size", RunConfig.rollout_batch_size)
+    minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches)
     adv_type = get_registered(raw, "algorithm.adv_type", RunConfig.adv_type, ADVANTAGE_ESTIMATORS)
     traits = traits_of(ADVANTAGE_ESTIMATORS.resolve(adv_type))
     if traits.needs_group and group_size < 2:
@@ -282,6 +278,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     """Check the whole config once; return its typed view. Raises ``ConfigError`` naming the key."""
     raw = resolve_raw(cfg, schema=SCHEMA)
     check_keys(raw, SCHEMA, "")
+    check_values(raw, SCHEMA)
     runner = _runner(raw)
     limit = prompt_limit(raw, seq_length=runner.seq_length)
     group_size, batch, adv_type = _batching(raw)
@@ -294,7 +291,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     rollout = rollout_config(raw, sampling, recompute=recompute)
     search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
     limit = with_offered_tools(limit, loop)
-    agent_loop_workers = get_int(raw, "agentloop.num_workers", RunConfig.agent_loop_workers, minimum=0)
+    agent_loop_workers = get_int(raw, "agentloop.num_workers", RunConfig.agent_loop_workers)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, TRAINING_COMPONENTS, run="a training run")
     train_paths = data_paths(raw, "data.train_data_paths", required=True)

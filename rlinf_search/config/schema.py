@@ -1,7 +1,8 @@
-"""The accepted keys of the training config (``SCHEMA``), renamed and removed keys, and the key check.
+"""The accepted keys of the training config (``SCHEMA``), renamed and removed keys, and the key and value checks.
 
-``SCHEMA`` names keys only; each key's default is the field default of the typed view it fills
-(``config/run.py``, ``config/training.py``, ``config/sections.py`` say which).
+``SCHEMA`` declares each key with the type and range of its value (``config/keys.py``); each key's default is the
+field default of the typed view it fills (``config/run.py``, ``config/training.py``, ``config/sections.py`` say
+which).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlinf_search.workers.actor.megatron.config import CONVERTER_KEYS as MEGATRON_CONVERTER_KEYS
-from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
+from rlinf_search.config.keys import BOOL, STR, STRS, Float, Int, Key, ValueOutOfRange
+from rlinf_search.config.keys import check_values as _check_values
 
 log = logging.getLogger(__name__)
 
@@ -19,53 +20,70 @@ class ConfigError(ValueError):
     """A config value or combination that cannot run; the message starts with the key's path."""
 
 
-# Every key the code reads; a key outside this tree is a typo or a dead setting, and an error.
+def check_values(raw: dict, schema: dict) -> None:
+    """``ConfigError`` (one line: the key, the value, its type or range) for the first declared value that does not
+    fit its ``Key``."""
+    try:
+        _check_values(raw, schema)
+    except ValueOutOfRange as exc:
+        raise ConfigError(str(exc)) from None
+
+
+# Every key the code reads, each declared once with what its value may be (``config/keys.py``); a key outside this tree
+# is a typo or a dead setting, and an error. A "*" section is checked by the reader named beside it.
+_OPTIM = {"lr": Float(ge=0, le=1), "adam_beta1": Float(ge=0, lt=1), "adam_beta2": Float(ge=0, lt=1),
+          "adam_eps": Float(gt=0, le=1), "weight_decay": Float(ge=0, le=1), "clip_grad": Float(gt=0)}
+_LR_SCHED = {"lr_warmup_fraction": Float(ge=0, le=1), "lr_decay_style": STR, "min_lr": Float(ge=0, le=1)}
 SCHEMA: dict[str, Any] = {
     "hydra": "*",
     "cluster": "*",  # checked by ClusterConfig.from_dict
-    "runner": {"task_type": None, "experiment_name": None, "output_dir": None, "max_epochs": None,
-               "max_steps": None, "val_check_interval": None, "save_interval": None, "seq_length": None,
-               "max_tokens_per_mbs": None, "resume_dir": None, "rollout_dump": None, "pipeline": None,
-               "max_staleness": None, "partial_rollout": None,
-               "logger": {"log_path": None, "project_name": None, "experiment_name": None, "logger_backends": None}},
-    "algorithm": {"policy_loss": None, "group_size": None, "n_minibatches": None, "ppo_epochs": None,
-                  "recompute_logprobs": None, "shuffle_rollout": None, "loss_agg_func": None, "kl_beta": None, "kl_penalty_type": None,
-                  "ratio_clip_eps": None, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": None,
-                  "entropy_bonus": None, "adv_type": None, "normalize_advantages": None, "gamma": None, "lam": None,
-                  "mismatch_correction": None, "value_clip": None, "logprob_forward_micro_batch_size": None,
-                  "sampling_params": {"do_sample": None, "temperature": None, "top_k": None, "top_p": None,
-                                      "max_new_tokens": None},
-                  "distill": {"enable": None, "mode": None, "coef": None, "center": None, "discount": None, "clip": None,
-                              "top_k": None, "top_k_coef": None, "top_k_divergence": None, "max_failed_fraction": None, "failure_window_steps": None,
+    "runner": {"task_type": STR, "experiment_name": STR, "output_dir": STR, "max_epochs": Int(ge=1),
+               "max_steps": Int(ge=1, also=((-1, "no step limit: runner.max_epochs ends the run"),)), "val_check_interval": Int(ge=0), "save_interval": Int(ge=0),
+               "seq_length": Int(ge=2), "max_tokens_per_mbs": Int(ge=1), "resume_dir": STR, "rollout_dump": Int(ge=0),
+               "pipeline": STR, "max_staleness": Int(ge=1), "partial_rollout": BOOL,
+               "logger": {"log_path": STR, "project_name": STR, "experiment_name": STR, "logger_backends": STRS}},
+    "algorithm": {"policy_loss": STR, "group_size": Int(ge=1), "n_minibatches": Int(ge=1), "ppo_epochs": Int(ge=1),
+                  "recompute_logprobs": BOOL, "shuffle_rollout": BOOL, "loss_agg_func": STR, "kl_beta": Float(ge=0),
+                  "kl_penalty_type": STR, "ratio_clip_eps": Float(gt=0, lt=1), "clip_ratio_low": Float(gt=0, lt=1),
+                  "clip_ratio_high": Float(gt=0), "clip_ratio_c": Float(gt=1), "entropy_bonus": Float(ge=0),
+                  "adv_type": STR, "normalize_advantages": BOOL, "gamma": Float(ge=0, le=1), "lam": Float(ge=0, le=1),
+                  "mismatch_correction": STR, "value_clip": Float(gt=0), "logprob_forward_micro_batch_size": Int(ge=1),
+                  "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0), "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)),
+                                      "top_p": Float(gt=0, le=1), "max_new_tokens": Int(ge=1)},
+                  "distill": {"enable": BOOL, "mode": STR, "coef": Float(ge=0), "center": BOOL,
+                              "discount": Float(ge=0, le=1), "clip": Float(gt=0), "top_k": Int(ge=0, le=20),
+                              "top_k_coef": Float(gt=0), "top_k_divergence": STR, "max_failed_fraction": Float(ge=0, le=1),
+                              "failure_window_steps": Int(ge=1),
                               "teacher": "*"}},  # checked by TeacherConfig.from_dict
-    "agentloop": {"max_turns": None, "max_tool_response_length": None, "max_passage_tokens": None,
-                  "retokenize": None, "num_workers": None},
-    "agent": {"protocol": None},
+    "agentloop": {"max_turns": Int(ge=0), "max_tool_response_length": Int(ge=1), "max_passage_tokens": Int(ge=1),
+                  "retokenize": BOOL, "num_workers": Int(ge=0)},
+    "agent": {"protocol": STR},
     "tools": "*",  # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
-    "rollout": {"group_name": None, "rollout_backend": None, "max_running_requests": None,
-                "gpu_memory_utilization": None, "tensor_parallel_size": None, "seeded": None,
-                "model": {"model_path": None, "precision": None}},
-    "inference": {"group_name": None, "load_from_actor": None},
-    "data": {"max_prompt_length": None, "filter_overlong_prompts": None, "truncation": None,
-             "rollout_batch_size": None, "apply_chat_template": None, "shuffle": None,
-             "seed": None, "train_data_paths": None, "val_data_paths": None},
-    "actor": {"group_name": None, "training_backend": None,
-              "model": {"precision": None, "enable_gradient_checkpointing": None, "use_remove_padding": None,
-                        "logprob_chunk_size": None, "attn_implementation": None, "compile_layers": None,
-                        **{key: None for key in MEGATRON_MODEL_KEYS}},
-              "fsdp_config": {"cpu_offload": None},
-              "megatron": {"use_hf_ckpt": None, "distributed_timeout_minutes": None, "core_attention": None,
-                           "ckpt_convertor": {key: None for key in MEGATRON_CONVERTER_KEYS}},
-              "offload_weight": None, "offload_grad": None, "offload_optimizer": None, "pack_traj": None,
-              "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,
-                        "clip_grad": None},
-              "lr_sched": {"lr_warmup_fraction": None, "lr_decay_style": None, "min_lr": None}},
-    "reward": {"group_name": None, "reward_type": None, "score": None, "reward_scale": None},
-    "critic": {"use_critic_model": None, "group_name": None, "warmup_steps": None,
-               "model": {"model_path": None, "precision": None},
-               "optim": {"lr": None, "adam_beta1": None, "adam_beta2": None, "adam_eps": None, "weight_decay": None,
-                         "clip_grad": None},
-               "lr_sched": {"lr_warmup_fraction": None, "lr_decay_style": None, "min_lr": None}},
+    "rollout": {"group_name": STR, "rollout_backend": STR, "max_running_requests": Int(ge=1),
+                "gpu_memory_utilization": Float(gt=0, le=1), "tensor_parallel_size": Int(ge=1), "seeded": BOOL,
+                "model": {"model_path": STR, "precision": STR}},
+    "inference": {"group_name": STR, "load_from_actor": BOOL},
+    "data": {"max_prompt_length": Int(ge=1), "filter_overlong_prompts": BOOL, "truncation": STR,
+             "rollout_batch_size": Int(ge=1), "apply_chat_template": BOOL, "shuffle": BOOL,
+             "seed": Int(ge=0), "train_data_paths": STRS, "val_data_paths": STRS},
+    "actor": {"group_name": STR, "training_backend": STR,
+              "model": {"precision": STR, "enable_gradient_checkpointing": BOOL, "use_remove_padding": BOOL,
+                        "logprob_chunk_size": Int(ge=1), "attn_implementation": STR, "compile_layers": BOOL,
+                        # read by the megatron backend only (workers/actor/megatron/config.py: MODEL_KEYS)
+                        "tensor_model_parallel_size": Int(ge=1), "pipeline_model_parallel_size": Int(ge=1),
+                        "sequence_parallel": BOOL, "recompute_granularity": STR, "recompute_method": STR,
+                        "recompute_num_layers": Int(ge=1)},
+              "fsdp_config": {"cpu_offload": BOOL},
+              "megatron": {"use_hf_ckpt": BOOL, "distributed_timeout_minutes": Int(ge=1), "core_attention": STR,
+                           "ckpt_convertor": {"hf_model_path": STR, "save_path": STR,
+                                              "tensor_model_parallel_size": Int(ge=1),
+                                              "pipeline_model_parallel_size": Int(ge=1)}},
+              "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL, "pack_traj": BOOL,
+              "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
+    "reward": {"group_name": STR, "reward_type": STR, "score": STR, "reward_scale": Float(gt=0)},
+    "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0),
+               "model": {"model_path": STR, "precision": STR},
+               "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
 }
 # Old spelling -> new; RLinf itself writes the turn limit both ways.
 DEPRECATED_KEYS = {"agentloop.maxturn": "agentloop.max_turns"}
@@ -77,7 +95,7 @@ REMOVED_KEYS = {"agentloop.group_name": "the agent loop runs inside the rollout 
 
 def check_keys(node: Any, schema: Any, path: str) -> None:
     """Raise on the first key of ``node`` that ``schema`` does not name."""
-    if schema == "*" or schema is None:
+    if schema == "*" or schema is None or isinstance(schema, Key):
         return
     if not isinstance(node, dict):
         raise ConfigError(f"{path}: expected a section of keys, got {type(node).__name__}")

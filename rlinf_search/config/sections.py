@@ -51,11 +51,8 @@ def sampling_params(raw: dict) -> SamplingParams:
     if not greedy and temperature <= 0:
         raise ConfigError("algorithm.sampling_params.temperature must be > 0 when do_sample is true")
     top_p = get_float(raw, "algorithm.sampling_params.top_p", SamplingParams.top_p)
-    if not 0 < top_p <= 1:
-        raise ConfigError(f"algorithm.sampling_params.top_p must be in (0, 1], got {top_p}")
     return SamplingParams(
-        max_new_tokens=get_int(raw, "algorithm.sampling_params.max_new_tokens", SamplingParams.max_new_tokens,
-                               minimum=1),
+        max_new_tokens=get_int(raw, "algorithm.sampling_params.max_new_tokens", SamplingParams.max_new_tokens),
         temperature=temperature, top_p=top_p, greedy=greedy,
         top_k=get_int(raw, "algorithm.sampling_params.top_k", SamplingParams.top_k))
 
@@ -94,7 +91,7 @@ def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> R
 def prompt_limit(raw: dict, *, seq_length: int) -> PromptLimit:
     """``data.max_prompt_length`` (below ``runner.seq_length``), ``data.filter_overlong_prompts`` and
     ``data.truncation``: verl's keys, with the same meaning."""
-    max_prompt = get_int(raw, "data.max_prompt_length", PromptLimit.max_prompt_tokens, minimum=1)
+    max_prompt = get_int(raw, "data.max_prompt_length", PromptLimit.max_prompt_tokens)
     if max_prompt >= seq_length:
         raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
     truncation = get(raw, "data.truncation", PromptLimit.truncation)
@@ -132,12 +129,10 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
                           "data.apply_chat_template: true")
     try:
         return search, AgentLoopConfig(
-            max_turns=get_int(raw, "agentloop.max_turns", AgentLoopConfig.max_turns, minimum=0),
+            max_turns=get_int(raw, "agentloop.max_turns", AgentLoopConfig.max_turns),
             max_tokens_per_turn=sampling.max_new_tokens,
-            max_obs_tokens=get_int(raw, "agentloop.max_tool_response_length", AgentLoopConfig.max_obs_tokens,
-                                   minimum=1),
-            max_passage_tokens=get_int(raw, "agentloop.max_passage_tokens", AgentLoopConfig.max_passage_tokens,
-                                       minimum=1),
+            max_obs_tokens=get_int(raw, "agentloop.max_tool_response_length", AgentLoopConfig.max_obs_tokens),
+            max_passage_tokens=get_int(raw, "agentloop.max_passage_tokens", AgentLoopConfig.max_passage_tokens),
             max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk, retokenize=retokenize(raw),
             apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
             truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema,

@@ -49,19 +49,12 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
     low = get_float(raw, "algorithm.clip_ratio_low",
                     PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
     high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
-    for key, value in (("ratio_clip_eps", symmetric), ("clip_ratio_low", low), ("clip_ratio_high", high)):
-        if value is not None and value < 0:
-            raise ConfigError(f"algorithm.{key} must be >= 0, got {value}")
     loss_agg = get_registered(raw, "algorithm.loss_agg_func", PolicyLossConfig.loss_agg_func, LOSS_AGGREGATIONS)
     kl_type = get_registered(raw, "algorithm.kl_penalty_type", PolicyLossConfig.kl_penalty_type, KL_ESTIMATORS)
     kl_beta = get_float(raw, "algorithm.kl_beta", PolicyLossConfig.kl_beta)
-    if kl_beta < 0:
-        raise ConfigError("algorithm.kl_beta must be >= 0")
     # The one key where null is not the default: RLinf writes clip_ratio_c: null to turn dual clip off.
     dual_clip_off = "clip_ratio_c" in get(raw, "algorithm", {}) and get(raw, "algorithm.clip_ratio_c") is None
     clip_c = None if dual_clip_off else get_float(raw, "algorithm.clip_ratio_c", PolicyLossConfig.clip_ratio_c)
-    if clip_c is not None and clip_c <= 1:
-        raise ConfigError(f"algorithm.clip_ratio_c must be > 1 (or null to turn dual clip off), got {clip_c}")
     correction = get_registered(raw, "algorithm.mismatch_correction", PolicyLossConfig.mismatch_correction,
                                 MISMATCH_CORRECTIONS)
     return PolicyLossConfig(
@@ -107,19 +100,19 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
     if not pack_traj and loss.loss_agg_func not in TURN_LEVEL_AGGREGATIONS:
         raise ConfigError(f"actor.pack_traj: false weights each turn back to its trajectory for "
                           f"{', '.join(TURN_LEVEL_AGGREGATIONS)}; algorithm.loss_agg_func is {loss.loss_agg_func!r}")
-    ppo_epochs = get_int(raw, "algorithm.ppo_epochs", ActorConfig.ppo_epochs, minimum=1)
-    n_minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches, minimum=1)
+    ppo_epochs = get_int(raw, "algorithm.ppo_epochs", ActorConfig.ppo_epochs)
+    n_minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches)
     return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
                        optim=_optim(get_section(raw, "actor.optim"), get_section(raw, "actor.lr_sched"), section="actor",
                                     total_steps=run_steps * ppo_epochs * n_minibatches),
                        loss=loss, pack_traj=pack_traj,
                        ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
-                       max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None, minimum=1),
+                       max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None),
                        dtype=get_precision(raw, "actor.model.precision", ActorConfig.dtype, training=True),
                        gradient_checkpointing=checkpointing, compile_layers=compile_layers,
                        pack_sequences=pack_sequences,
                        logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size",
-                                                    ActorConfig.logprob_chunk_tokens, minimum=1),
+                                                    ActorConfig.logprob_chunk_tokens),
                        fsdp_cpu_offload=_fsdp_cpu_offload(raw, backend),
                        attn_implementation=_attn_implementation(raw, backend, packing=pack_sequences),
                        seed=seed, forward_micro_batch_size=forward_rows(raw),
@@ -166,8 +159,7 @@ def _attn_implementation(raw: dict, backend: str, *, packing: bool) -> str | Non
 
 def forward_rows(raw: dict) -> int | None:
     """``algorithm.logprob_forward_micro_batch_size``: rows per forward-only pass; None packs by token budget."""
-    return get_int(raw, "algorithm.logprob_forward_micro_batch_size", ActorConfig.forward_micro_batch_size,
-                   minimum=1)
+    return get_int(raw, "algorithm.logprob_forward_micro_batch_size", ActorConfig.forward_micro_batch_size)
 
 
 def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name: str) -> CriticConfig | None:
@@ -175,8 +167,6 @@ def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name
     if not get_bool(raw, "critic.use_critic_model", CRITIC_BY_DEFAULT):
         return None
     value_clip = get_float(raw, "algorithm.value_clip", CriticConfig.value_clip)
-    if value_clip <= 0:
-        raise ConfigError(f"algorithm.value_clip must be > 0, got {value_clip}")
     warmup = get_int(raw, "critic.warmup_steps", CriticConfig.warmup_steps)
     if not 0 <= warmup < total_steps:
         raise ConfigError(f"critic.warmup_steps must be in [0, {total_steps}) (the run's steps), got {warmup}: "

@@ -1,0 +1,162 @@
+"""What a value of each config key may be: its type and, for a number, its range, declared once per key.
+
+``SCHEMA``'s leaves are ``Key`` declarations, so the tree that lists the accepted keys also says what each one takes.
+``check_values`` walks the raw config against it once at start-up, before any section is read: a value of the wrong
+type or outside its range stops the run in one line that names the key, the value and what it must be. The section
+readers then only combine keys (a limit below another, a name a registry resolves). ``tests/test_config_fuzz.py``
+walks every declaration with an out-of-range value generated from it.
+
+A number with no range is declared with the reason it needs none (``unbounded``); none does today.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+class ValueOutOfRange(ValueError):
+    """A value of the wrong type or outside its declared range (``config.schema.ConfigError`` subclasses it)."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One leaf of the config tree."""
+
+    kind: str
+    """``int``, ``float``, ``bool``, ``str``, ``list`` (of strings, or one string) or ``any`` (checked by its reader)."""
+    low: float | None = None
+    """The smallest value allowed (None: no lower bound)."""
+    high: float | None = None
+    """The largest value allowed (None: no upper bound)."""
+    low_open: bool = False
+    """``low`` itself is outside the range."""
+    high_open: bool = False
+    """``high`` itself is outside the range."""
+    also: tuple[tuple[float, str], ...] = ()
+    """Values allowed outside the range, each with its meaning (``runner.max_steps: -1``: no step limit)."""
+    unbounded: str | None = None
+    """Why a number takes any value; a number without a range must say it."""
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind in ("int", "float")
+
+    @property
+    def bounded(self) -> bool:
+        return self.low is not None or self.high is not None
+
+    def range_words(self) -> str:
+        """The range in words: ``>= 1``, ``in (0, 1]``, ``> 0, or -1``."""
+        if self.low is not None and self.high is not None:
+            words = f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            words = f"{'>' if self.low_open else '>='} {_number(self.low)}"
+        elif self.high is not None:
+            words = f"{'<' if self.high_open else '<='} {_number(self.high)}"
+        else:
+            words = "any number"
+        return words + "".join(f", or {_number(value)} ({meaning})" for value, meaning in self.also)
+
+    def inside(self, value: float) -> bool:
+        if any(value == allowed for allowed, _ in self.also):
+            return True
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+            return False
+        return True
+
+    def check(self, path: str, value: Any) -> None:
+        """Raise ``ValueOutOfRange`` (one line: the key, what it must be, the value) unless ``value`` fits; null
+        always fits (it means the key's default)."""
+        if value is None or self.kind == "any":
+            return
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueOutOfRange(f"{path}: expected true or false, got {value!r}")
+            return
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise ValueOutOfRange(f"{path}: expected a string, got {value!r}")
+            return
+        if self.kind == "list":
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+                raise ValueOutOfRange(f"{path}: expected a list of strings, got {value!r}")
+            return
+        number = _as_number(path, value, integer=self.kind == "int")
+        if not self.inside(number):
+            raise ValueOutOfRange(f"{path} must be {self.range_words()}, got {value!r}")
+
+
+def _as_number(path: str, value: Any, *, integer: bool) -> float:
+    if isinstance(value, str):  # a command-line override may arrive quoted ("4096"); the reader converts it alike
+        try:
+            value = int(value) if integer else float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueOutOfRange(f"{path}: expected {'an integer' if integer else 'a number'}, got {value!r}")
+    if integer and isinstance(value, float) and not value.is_integer():
+        raise ValueOutOfRange(f"{path}: expected an integer, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueOutOfRange(f"{path}: expected a finite number, got {value!r}")
+    return value
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def Int(*, ge: float | None = None, le: float | None = None, gt: float | None = None, lt: float | None = None,
+        also: tuple[tuple[float, str], ...] = (), unbounded: str | None = None) -> Key:
+    """An integer key in a range: ``Int(ge=1)``, ``Int(ge=0, le=20)``."""
+    return _ranged("int", ge, le, gt, lt, also, unbounded)
+
+
+def Float(*, ge: float | None = None, le: float | None = None, gt: float | None = None, lt: float | None = None,
+          also: tuple[tuple[float, str], ...] = (), unbounded: str | None = None) -> Key:
+    """A number key in a range: ``Float(gt=0)``, ``Float(ge=0, le=1)``."""
+    return _ranged("float", ge, le, gt, lt, also, unbounded)
+
+
+def _ranged(kind, ge, le, gt, lt, also, unbounded) -> Key:
+    if ge is not None and gt is not None or le is not None and lt is not None:
+        raise ValueError("give one lower bound (ge or gt) and one upper bound (le or lt)")
+    low, high = (gt if ge is None else ge), (lt if le is None else le)
+    if low is None and high is None and not unbounded:
+        raise ValueError(f"a {kind} key declares its range, or why it has none (unbounded=...)")
+    return Key(kind, low=low, high=high, low_open=gt is not None, high_open=lt is not None, also=also,
+               unbounded=unbounded)
+
+
+BOOL = Key("bool")
+STR = Key("str")
+STRS = Key("list")
+ANY = Key("any")
+
+
+def leaves(schema: Any, prefix: str = ""):
+    """(dotted path, ``Key``) of every declared leaf of ``schema``, in order (open ``"*"`` sections have none)."""
+    if not isinstance(schema, dict):
+        return
+    for name, node in schema.items():
+        path = f"{prefix}{name}"
+        if isinstance(node, Key):
+            yield path, node
+        else:
+            yield from leaves(node, f"{path}.")
+
+
+def check_values(raw: dict, schema: dict, path: str = "") -> None:
+    """Check every value of ``raw`` that ``schema`` declares against its ``Key``; raise ``ValueOutOfRange`` on the
+    first that does not fit. Keys ``schema`` does not know are ``check_keys``' to refuse."""
+    for name, value in raw.items():
+        node = schema.get(name) if isinstance(schema, dict) else None
+        where = f"{path}.{name}" if path else name
+        if isinstance(node, Key):
+            node.check(where, value)
+        elif isinstance(node, dict) and isinstance(value, dict):
+            check_values(value, node, where)
