@@ -76,8 +76,8 @@ def test_resolvers_and_deprecated_key(cfg, caplog):
     (lambda c: c.rollout.update({"rollout_backend": "vllm"}) or c.cluster.update({"num_gpus_per_node": 1})
      or c.algorithm.update({"recompute_logprobs": False}) or c.algorithm.sampling_params.update({"top_p": 0.9}),
      "algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend vllm"),
-    (lambda c: c.cluster.update({"num_gpus_per_node": 0}), "cluster.num_gpus_per_node must be an integer >= 1"),
-    (lambda c: c.tools.search.update({"topk": 0}), "tools.search.topk must be > 0"),
+    (lambda c: c.cluster.update({"num_gpus_per_node": 0}), "cluster.num_gpus_per_node must be >= 1, got 0"),
+    (lambda c: c.tools.search.update({"topk": 0}), "tools.search.topk must be >= 1, got 0"),
     (lambda c: c.cluster.update({"component_placement": {"actor": "0-7"}}),
      "cluster.component_placement.actor: device range 0-7 exceeds"),
     (lambda c: c.actor.lr_sched.update({"lr_decay_style": "linear"}), "lr_decay_style must be constant or cosine"),

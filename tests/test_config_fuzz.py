@@ -1,24 +1,32 @@
-"""Every declared config key, walked with values outside its declaration: generated from ``SCHEMA``'s ``Key``s
-(``config/keys.py``), not from a hand list, so a key added to the schema is fuzzed the day it is added.
+"""Every declared config key, walked with values outside its declaration: generated from the declarations
+(``key_declarations.py``: ``SCHEMA``'s ``Key`` leaves, and the declared fields of the sections read into dataclasses),
+not from a hand list, so a key is fuzzed the day it is declared.
 
-Each out-of-range number and each value of the wrong type must stop ``validate_cfg`` in one line that names the key,
-the value and the range. The open sections (``cluster``, ``tools``, ``algorithm.distill.teacher``) are checked by
-their own readers and tested with them."""
+Each out-of-range number and each value of the wrong type must stop the run in one line that names the key, the
+value and the range: through ``validate_cfg``, or for the teacher's section (read only when distillation is on,
+against a live server) through the reader ``validate_cfg`` calls."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import fields
 
 import pytest
 from omegaconf import OmegaConf
 
 from rlinf_search.config import ConfigError, validate_cfg
-from rlinf_search.config.keys import leaves
 from rlinf_search.config.schema import SCHEMA
+from rlinf_search.distill.config import TeacherConfig
+from rlinf_search.key_declarations import field_keys, leaves
+from rlinf_search.scheduler.config import ClusterConfig
+from rlinf_search.tools.search.config import SearchToolConfig
 from tests.conftest import HOTPOT_DIR
 from tests.test_config import TINY
 
-DECLARED = list(leaves(SCHEMA))
+SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig, "algorithm.distill.teacher": TeacherConfig}
+"""The open sections of ``SCHEMA`` read into dataclasses whose fields declare their ``Key``."""
+DECLARED = list(leaves(SCHEMA)) + [(f"{path}.{name}", key) for path, cls in SECTIONS.items()
+                                   for name, key in field_keys(cls)]
 
 
 def _base() -> dict:
@@ -58,6 +66,18 @@ WRONG_TYPE = {"int": ["four", 2.5, True], "float": ["half", False], "bool": ["fa
               "list": [3, [1, 2]]}
 
 
+def _refusal(path: str, value) -> str:
+    """The one-line refusal of ``value`` at ``path``."""
+    section = path.rpartition(".")[0]
+    if section == "algorithm.distill.teacher":
+        with pytest.raises(ValueError) as error:
+            TeacherConfig.from_dict({"model": "teacher", path.rpartition(".")[2]: value})
+    else:
+        with pytest.raises(ConfigError) as error:
+            validate_cfg(_with(path, value))
+    return str(error.value)
+
+
 def test_the_base_config_validates():
     validate_cfg(copy.deepcopy(BASE))
 
@@ -77,9 +97,7 @@ def test_an_out_of_range_number_is_refused_in_one_line(path, key):
     values = out_of_range(key)
     assert values, f"{path}: no value outside {key.range_words()}"
     for value in values:
-        with pytest.raises(ConfigError) as error:
-            validate_cfg(_with(path, value))
-        message = str(error.value)
+        message = _refusal(path, value)
         assert message.startswith(path) and repr(value) in message and key.range_words() in message, message
         assert "\n" not in message
 
@@ -88,7 +106,12 @@ def test_an_out_of_range_number_is_refused_in_one_line(path, key):
                          ids=[p for p, k in DECLARED if k.kind in WRONG_TYPE])
 def test_a_value_of_the_wrong_type_is_refused_in_one_line(path, key):
     for value in WRONG_TYPE[key.kind]:
-        with pytest.raises(ConfigError) as error:
-            validate_cfg(_with(path, value))
-        message = str(error.value)
+        message = _refusal(path, value)
         assert message.startswith(path) and repr(value) in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("cls", list(SECTIONS.values()), ids=list(SECTIONS))
+def test_every_number_of_a_dataclass_section_is_declared(cls):
+    undeclared = [f.name for f in fields(cls) if any(word in str(f.type).split(" | ") for word in ("int", "float"))
+                  and f.name not in dict(field_keys(cls))]
+    assert not undeclared, f"{cls.__name__}: numeric fields without a Key: {undeclared}"

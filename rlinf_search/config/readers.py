@@ -27,7 +27,7 @@ def get(raw: dict, dotted: str, default: Any = None) -> Any:
 
 
 def get_int(raw: dict, dotted: str, default: int | None) -> int | None:
-    """An integer key (null: ``default``). Its range is its declaration's (``config/keys.py``), checked before any
+    """An integer key (null: ``default``). Its range is its declaration's (``key_declarations.py``), checked before any
     reader runs."""
     value = get(raw, dotted, default)
     if value is None:

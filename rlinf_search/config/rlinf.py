@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_search.config.readers import get
-from rlinf_search.config.keys import Key
+from rlinf_search.key_declarations import Key
 from rlinf_search.config.schema import ConfigError
 
 log = logging.getLogger(__name__)

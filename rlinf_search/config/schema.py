@@ -1,6 +1,6 @@
 """The accepted keys of the training config (``SCHEMA``), renamed and removed keys, and the key and value checks.
 
-``SCHEMA`` declares each key with the type and range of its value (``config/keys.py``); each key's default is the
+``SCHEMA`` declares each key with the type and range of its value (``key_declarations.py``); each key's default is the
 field default of the typed view it fills (``config/run.py``, ``config/training.py``, ``config/sections.py`` say
 which).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlinf_search.config.keys import BOOL, STR, STRS, Float, Int, Key, ValueOutOfRange
-from rlinf_search.config.keys import check_values as _check_values
+from rlinf_search.key_declarations import BOOL, STR, STRS, Float, Int, Key, ValueOutOfRange
+from rlinf_search.key_declarations import check_values as _check_values
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def check_values(raw: dict, schema: dict) -> None:
         raise ConfigError(str(exc)) from None
 
 
-# Every key the code reads, each declared once with what its value may be (``config/keys.py``); a key outside this tree
+# Every key the code reads, each declared once with what its value may be (``key_declarations.py``); a key outside this tree
 # is a typo or a dead setting, and an error. A "*" section is checked by the reader named beside it.
 _OPTIM = {"lr": Float(ge=0, le=1), "adam_beta1": Float(ge=0, lt=1), "adam_beta2": Float(ge=0, lt=1),
           "adam_eps": Float(gt=0, le=1), "weight_decay": Float(ge=0, le=1), "clip_grad": Float(gt=0)}

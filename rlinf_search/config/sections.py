@@ -158,6 +158,8 @@ def _with_tool_config(section: dict) -> tuple[dict, dict | None, tuple[ListedToo
     path = section.get("tool_config")
     if not path:
         return section, None, ()
+    if not isinstance(path, str):  # read before the section's own declarations are checked
+        raise ConfigError(f"tools.search.tool_config: expected a string, got {path!r}")
     try:
         found = read_tool_config(path)
     except ToolConfigError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from rlinf_search.key_declarations import STR, Float, Int, check_fields, declared
 from rlinf_search.net.retry import RetryPolicy
 from rlinf_search.typed_section import section_to
 
@@ -17,36 +18,36 @@ MAX_TOP_K = 20
 class TeacherConfig:
     """``algorithm.distill.teacher``: where the teacher is served and how hard the client may push it."""
 
-    base_url: str = "http://127.0.0.1:8001/v1"
+    base_url: str = declared("http://127.0.0.1:8001/v1", STR)
     """The server's OpenAI API root (``vllm serve`` and ``python -m rlinf_search.serve`` serve ``/v1``)."""
-    model: str = ""
+    model: str = declared("", STR)
     """The model name requests carry (``vllm serve``'s ``--served-model-name``, else its path)."""
-    tokenizer: str | None = None
+    tokenizer: str | None = declared(None, STR)
     """None: the teacher shares the student's tokenizer and scores the sampled ids as they are (checked
     against the teacher at start-up). A path or name: the teacher's own (fast) tokenizer; the client
     renders the prompt with its chat template, tokenizes prompt and response text with it, and the
     log-probs reach the student's tokens through the cuts both tokenizations share."""
-    api_key_env: str = "TEACHER_API_KEY"
+    api_key_env: str = declared("TEACHER_API_KEY", STR)
     """Environment variable holding the API key (sent as ``Authorization: Bearer``); unset: no key.
     The key never reaches config dumps, logs or errors."""
-    proxy: str | None = None
+    proxy: str | None = declared(None, STR)
     """A proxy URL for the teacher's requests; None: none, whatever ``HTTP(S)_PROXY`` say (a proxy meant
     for the internet would see the API key and every trajectory)."""
-    timeout_s: float = 60.0
+    timeout_s: float = declared(60.0, Float(gt=0))
     """Limit on one request."""
-    deadline_s: float = 180.0
+    deadline_s: float = declared(180.0, Float(gt=0))
     """Limit on one trajectory's scoring, retries included, counted from when its first request holds a
     concurrency slot (a wait behind ``max_concurrency`` others is not counted): past it the trajectory
     trains without the signal."""
-    max_retries: int = 2
+    max_retries: int = declared(2, Int(ge=0))
     """Retries on timeouts, connection errors, 5xx and 429."""
-    backoff_base_s: float = 0.5
+    backoff_base_s: float = declared(0.5, Float(ge=0))
     """First retry waits up to this long; each later one up to twice the previous (full jitter)."""
-    backoff_max_s: float = 8.0
+    backoff_max_s: float = declared(8.0, Float(ge=0))
     """Cap on a single backoff wait."""
-    max_concurrency: int = 32
+    max_concurrency: int = declared(32, Int(ge=1))
     """Requests in flight at once."""
-    rate_limit_per_s: float = 0.0
+    rate_limit_per_s: float = declared(0.0, Float(ge=0))
     """Requests started per second; 0 means unlimited."""
 
     @classmethod
@@ -54,6 +55,7 @@ class TeacherConfig:
         return section_to(cls, section, key="algorithm.distill.teacher")
 
     def __post_init__(self) -> None:
+        check_fields(self, "algorithm.distill.teacher")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"algorithm.distill.teacher.base_url: expected http(s)://host:port/v1, got "
                              f"{self.base_url!r}")
@@ -62,13 +64,6 @@ class TeacherConfig:
                              f"{self.proxy!r}")
         if not self.model:
             raise ValueError("algorithm.distill.teacher.model is required (the name the server serves)")
-        positive = {"timeout_s": self.timeout_s, "deadline_s": self.deadline_s,
-                    "max_concurrency": self.max_concurrency}
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"algorithm.distill.teacher.{name} must be > 0, got {value}")
-        if self.max_retries < 0 or self.rate_limit_per_s < 0:
-            raise ValueError("algorithm.distill.teacher.max_retries and rate_limit_per_s must be >= 0")
 
     @property
     def retry_policy(self) -> RetryPolicy:

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlinf_search.key_declarations import STR, Int, ValueOutOfRange, check_fields, declared
 from rlinf_search.scheduler.ranges import PlacementError, expand, parse_ranges
 
 
@@ -28,22 +29,22 @@ class NodeGroupConfig:
 class ClusterConfig:
     """Typed view of ``cluster``; RLinf's keys (``num_nodes``, ``component_placement``) read the same."""
 
-    num_nodes: int = 1
+    num_nodes: int = declared(1, Int(ge=1))
     """Nodes the run uses. Joining a Ray cluster with fewer alive nodes is an error at start-up."""
     component_placement: Mapping[str, Any] = field(default_factory=dict)
     """Component names (comma-joined when they share an entry) to devices: ``all``, ``0-3``,
     ``0,2,4-5``, or ``{node_group: a10, devices: 0-3}``. See docs/runtime.md."""
-    cpu_slots_per_node: int = 1
+    cpu_slots_per_node: int = declared(1, Int(ge=1))
     """Devices of a node without GPUs. A slot is a scheduling unit, not a core: 8 slots on a 2-core
     laptop are fine, and one rank per component on one slot is the cheapest laptop default."""
-    num_gpus_per_node: int | None = None
+    num_gpus_per_node: int | None = declared(None, Int(ge=1))
     """GPUs each node must have, for a recipe written for GPUs: the placement is then checked on
     these GPUs before Ray starts (on any machine), and at start-up a node with fewer is an error.
     ``None``: whatever Ray finds, checked at start-up only."""
-    address: str | None = None
+    address: str | None = declared(None, STR)
     """``None`` starts an embedded Ray in this process; ``auto`` (the local ``ray start`` head) or
     ``ray://host:port`` / ``host:port`` joins an existing cluster, which is how multi-node runs."""
-    num_cpus: int | None = None
+    num_cpus: int | None = declared(None, Int(ge=1))
     """CPUs the embedded Ray may use (``None``: every core). Workers take none of them (see
     docs/runtime.md); this bounds plain Ray tasks. Only for the embedded Ray."""
     node_groups: Mapping[str, NodeGroupConfig] = field(default_factory=dict)
@@ -51,17 +52,10 @@ class ClusterConfig:
     a component's ``node_group`` picks one, and its device ids then count within that group."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_nodes, int) or self.num_nodes < 1:
-            raise PlacementError(f"cluster.num_nodes must be an integer >= 1, got {self.num_nodes!r}")
-        if not isinstance(self.cpu_slots_per_node, int) or self.cpu_slots_per_node < 1:
-            raise PlacementError("cluster.cpu_slots_per_node must be an integer >= 1, "
-                                 f"got {self.cpu_slots_per_node!r}")
-        if self.num_gpus_per_node is not None and (not isinstance(self.num_gpus_per_node, int)
-                                                   or self.num_gpus_per_node < 1):
-            raise PlacementError(f"cluster.num_gpus_per_node must be an integer >= 1 (or null), "
-                                 f"got {self.num_gpus_per_node!r}")
-        if self.num_cpus is not None and (not isinstance(self.num_cpus, int) or self.num_cpus < 1):
-            raise PlacementError(f"cluster.num_cpus must be an integer >= 1, got {self.num_cpus!r}")
+        try:
+            check_fields(self, "cluster")
+        except ValueOutOfRange as exc:
+            raise PlacementError(str(exc)) from None
         if self.address is not None and self.num_cpus is not None:
             raise PlacementError("cluster.num_cpus only sizes the embedded Ray; a cluster joined at "
                                  f"cluster.address ({self.address}) has its own CPU count")

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rlinf_search.key_declarations import STR, Float, Int, check_fields, declared
 from rlinf_search.typed_section import section_to
 
 
@@ -13,63 +14,63 @@ from rlinf_search.typed_section import section_to
 class SearchToolConfig:
     """Typed view of the ``tools.search`` config group (RLinf spells the address ``server_addr`` too)."""
 
-    backend: str = "local"
+    backend: str = declared("local", STR)
     """``local`` (a Search-R1-compatible retrieval server), ``serper`` (Google via serper.dev),
     ``inprocess`` (a retriever loaded in this process), or ``package.module:factory`` for your own."""
     server_addr: str | tuple[str, ...] = "127.0.0.1:8000"
     """``host:port`` of the retrieval server for ``local`` (Search-R1's launcher listens on 8000), or a list of
     replicas serving the same index: each request goes to the one with the fewest in flight, and moves on
     when one fails (``tools/search/replicas.py``)."""
-    replica_eject_after: int = 2
+    replica_eject_after: int = declared(2, Int(ge=1))
     """With several replicas: failed requests in a row (unreachable, timed out, 5xx) after which one is set
     aside until its health probe passes."""
-    replica_probe_interval_s: float = 5.0
+    replica_probe_interval_s: float = declared(5.0, Float(gt=0))
     """With several replicas: seconds between ``GET /health`` probes of a set-aside one."""
-    topk: int = 3
+    topk: int = declared(3, Int(ge=1))
     """Passages per query when the caller gives none; the Search-R1 paper uses 3."""
-    timeout_s: float = 30.0
+    timeout_s: float = declared(30.0, Float(gt=0))
     """Limit on one HTTP attempt (with several replicas, on each replica an attempt tries). An e5 server batching a few hundred queries answers in seconds,
     so this only catches a server that has stopped answering."""
-    deadline_s: float = 90.0
+    deadline_s: float = declared(90.0, Float(gt=0))
     """Limit on one ``search()`` call, retries and waits included: past it the rollout gets an
     error observation instead of stalling its whole batch."""
-    max_retries: int = 2
+    max_retries: int = declared(2, Int(ge=0))
     """Retries after the first attempt on timeouts, connection errors and 5xx (3 attempts in all).
     A 4xx other than 429 (too many requests) is never retried: the same request would be refused again."""
-    backoff_base_s: float = 0.5
+    backoff_base_s: float = declared(0.5, Float(ge=0))
     """First retry waits up to this long; each later one up to twice the previous (full jitter),
     so a fleet of rollout workers does not hammer a restarting server in lock-step."""
-    backoff_max_s: float = 8.0
+    backoff_max_s: float = declared(8.0, Float(ge=0))
     """Cap on a single backoff wait."""
-    max_concurrency: int = 64
+    max_concurrency: int = declared(64, Int(ge=1))
     """HTTP requests in flight at once from this client; also the connection-pool size."""
-    rate_limit_per_s: float = 0.0
+    rate_limit_per_s: float = declared(0.0, Float(ge=0))
     """Requests started per second (token bucket); 0 means unlimited. Web APIs bill and throttle
     per request, a local server does not need it."""
-    num_workers: int = 0
+    num_workers: int = declared(0, Int(ge=0))
     """Ranks of the SearchTool group, which owns the search client for the whole cluster: one cache, one
     coalescing window, and the concurrency cap and rate limit above kept by all rollout ranks together
     (verl's tool ``num_workers``). Each rank serves the queries that hash to it, with its share of the
     limits and the cache. 0: no group; each rollout rank opens its own client for each rollout call, with
     the limits above each (a single rollout rank, as on a CPU, loses nothing)."""
-    cache_size: int = 10_000
+    cache_size: int = declared(10_000, Int(ge=0))
     """LRU entries keyed on (normalised query, topk); 0 disables. GRPO samples the same prompt
     several times, so identical queries are common within a step."""
-    coalesce_window_s: float = 0.005
+    coalesce_window_s: float = declared(0.005, Float(ge=0))
     """How long the first query of a batch waits for others before one batched ``POST /retrieve``
     goes out. Small next to a retrieval round trip, long enough to catch a burst of rollouts."""
-    max_batch: int = 64
+    max_batch: int = declared(64, Int(ge=1))
     """Most queries in one batched request (a full batch goes out at once); 1 turns coalescing off."""
-    serper_url: str = "https://google.serper.dev/search"
+    serper_url: str = declared("https://google.serper.dev/search", STR)
     """Endpoint for ``serper``; tests point it at a loopback server. The key comes from the
     ``SERPER_API_KEY`` environment variable, never from config, so it cannot leak into config dumps."""
-    index_dir: str | None = None
+    index_dir: str | None = declared(None, STR)
     """For ``inprocess``: the folder written by ``rlinf_search.retrieval.build_index``."""
-    corpus: str | None = None
+    corpus: str | None = declared(None, STR)
     """For ``inprocess``: the corpus jsonl the index was built on."""
-    retriever: str = "bm25"
+    retriever: str = declared("bm25", STR)
     """For ``inprocess``: ``bm25``, ``hybrid`` or a dense encoder name (BM25 loads in well under a second)."""
-    tool_config: str | None = None
+    tool_config: str | None = declared(None, STR)
     """A verl tool config or rllm tool schema file whose settings were applied over this section at start-up
     (``config/sections.py``), and whose schema ``agent.protocol: toolcall`` offers; None: none."""
 
@@ -101,22 +102,7 @@ class SearchToolConfig:
         SEARCH_BACKENDS.resolve(self.backend, key="tools.search.backend")
 
     def _check_numbers(self) -> None:
-        if isinstance(self.replica_eject_after, bool) or not isinstance(self.replica_eject_after, int):
-            raise ValueError(f"tools.search.replica_eject_after must be a whole number of failures, got "
-                             f"{self.replica_eject_after!r}")
-        positive = {"topk": self.topk, "timeout_s": self.timeout_s, "deadline_s": self.deadline_s,
-                    "replica_eject_after": self.replica_eject_after,
-                    "replica_probe_interval_s": self.replica_probe_interval_s,
-                    "max_concurrency": self.max_concurrency, "max_batch": self.max_batch}
-        for name, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"tools.search.{name} must be > 0, got {value!r}")
-        non_negative = {"num_workers": self.num_workers, "max_retries": self.max_retries, "backoff_base_s": self.backoff_base_s,
-                        "backoff_max_s": self.backoff_max_s, "rate_limit_per_s": self.rate_limit_per_s,
-                        "cache_size": self.cache_size, "coalesce_window_s": self.coalesce_window_s}
-        for name, value in non_negative.items():
-            if not value >= 0:
-                raise ValueError(f"tools.search.{name} must be >= 0, got {value!r}")
+        check_fields(self, "tools.search")
         if self.deadline_s < self.timeout_s:
             raise ValueError(f"tools.search.deadline_s ({self.deadline_s}) must be >= timeout_s "
                              f"({self.timeout_s}): the deadline covers every attempt")

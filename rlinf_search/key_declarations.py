@@ -1,6 +1,8 @@
 """What a value of each config key may be: its type and, for a number, its range, declared once per key.
 
-``SCHEMA``'s leaves are ``Key`` declarations, so the tree that lists the accepted keys also says what each one takes.
+``SCHEMA``'s leaves are ``Key`` declarations (``config/schema.py``), so the tree that lists the accepted keys also
+says what each one takes; a section read into a dataclass (``tools.search``, ``algorithm.distill.teacher``) declares
+each field's ``Key`` beside its default (``declared``), checked when the dataclass is built (``check_fields``).
 ``check_values`` walks the raw config against it once at start-up, before any section is read: a value of the wrong
 type or outside its range stops the run in one line that names the key, the value and what it must be. The section
 readers then only combine keys (a limit below another, a name a registry resolves). ``tests/test_config_fuzz.py``
@@ -12,12 +14,12 @@ A number with no range is declared with the reason it needs none (``unbounded``)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
 class ValueOutOfRange(ValueError):
-    """A value of the wrong type or outside its declared range (``config.schema.ConfigError`` subclasses it)."""
+    """A value of the wrong type or outside its declared range (one line: the key, what it must be, the value)."""
 
 
 @dataclass(frozen=True)
@@ -160,3 +162,20 @@ def check_values(raw: dict, schema: dict, path: str = "") -> None:
             node.check(where, value)
         elif isinstance(node, dict) and isinstance(value, dict):
             check_values(value, node, where)
+
+
+def declared(default: Any, key: Key) -> Any:
+    """A dataclass field with ``default`` whose value ``key`` declares: ``topk: int = declared(3, Int(ge=1))``."""
+    return field(default=default, metadata={"key": key})
+
+
+def field_keys(cls) -> list[tuple[str, Key]]:
+    """(field name, ``Key``) of every declared field of the dataclass ``cls``."""
+    return [(f.name, f.metadata["key"]) for f in fields(cls) if "key" in f.metadata]
+
+
+def check_fields(obj: Any, path: str) -> None:
+    """Check every declared field of the dataclass instance ``obj`` (the section at config path ``path``); raise
+    ``ValueOutOfRange`` naming ``path.field`` for the first that does not fit."""
+    for name, key in field_keys(type(obj)):
+        key.check(f"{path}.{name}", getattr(obj, name))
