@@ -40,6 +40,8 @@ class Key:
     """Values allowed outside the range, each with its meaning (``runner.max_steps: -1``: no step limit)."""
     unbounded: str | None = None
     """Why a number takes any value; a number without a range must say it."""
+    relation: str = ""
+    """A bound set by another key, in words (``< runner.seq_length``): its reader checks it, the docs show it."""
 
     @property
     def numeric(self) -> bool:
@@ -113,25 +115,25 @@ def _number(value: float) -> str:
 
 
 def Int(*, ge: float | None = None, le: float | None = None, gt: float | None = None, lt: float | None = None,
-        also: tuple[tuple[float, str], ...] = (), unbounded: str | None = None) -> Key:
+        also: tuple[tuple[float, str], ...] = (), unbounded: str | None = None, relation: str = "") -> Key:
     """An integer key in a range: ``Int(ge=1)``, ``Int(ge=0, le=20)``."""
-    return _ranged("int", ge, le, gt, lt, also, unbounded)
+    return _ranged("int", ge, le, gt, lt, also, unbounded, relation)
 
 
 def Float(*, ge: float | None = None, le: float | None = None, gt: float | None = None, lt: float | None = None,
-          also: tuple[tuple[float, str], ...] = (), unbounded: str | None = None) -> Key:
+          also: tuple[tuple[float, str], ...] = (), unbounded: str | None = None, relation: str = "") -> Key:
     """A number key in a range: ``Float(gt=0)``, ``Float(ge=0, le=1)``."""
-    return _ranged("float", ge, le, gt, lt, also, unbounded)
+    return _ranged("float", ge, le, gt, lt, also, unbounded, relation)
 
 
-def _ranged(kind, ge, le, gt, lt, also, unbounded) -> Key:
+def _ranged(kind, ge, le, gt, lt, also, unbounded, relation) -> Key:
     if ge is not None and gt is not None or le is not None and lt is not None:
         raise ValueError("give one lower bound (ge or gt) and one upper bound (le or lt)")
     low, high = (gt if ge is None else ge), (lt if le is None else le)
     if low is None and high is None and not unbounded:
         raise ValueError(f"a {kind} key declares its range, or why it has none (unbounded=...)")
     return Key(kind, low=low, high=high, low_open=gt is not None, high_open=lt is not None, also=also,
-               unbounded=unbounded)
+               unbounded=unbounded, relation=relation)
 
 
 BOOL = Key("bool")

@@ -130,3 +130,11 @@ def test_removed_keys_are_documented():
     for old in REMOVED_KEYS:
         assert re.search(rf"\|\s*`{re.escape(old)}`\s*\|\s*nothing\s*\|", text), \
             f"docs/config.md: no deprecated-keys row for the removed key {old}"
+
+
+def test_the_type_column_of_every_number_is_its_declaration():
+    from toolkits.config_docs import DOC, rewritten
+
+    _, differ = rewritten(DOC.read_text(encoding="utf-8"))
+    assert not differ, f"type cells of docs/config.md that differ from the declarations (python -m " \
+                       f"toolkits.config_docs rewrites them): {differ}"

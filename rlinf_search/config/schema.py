@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlinf_search.key_declarations import BOOL, STR, STRS, Float, Int, Key, ValueOutOfRange
+from rlinf_search.key_declarations import BOOL, STR, STRS, Float, Int, Key, ValueOutOfRange, leaves
 from rlinf_search.key_declarations import check_values as _check_values
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ SCHEMA: dict[str, Any] = {
                   "clip_ratio_high": Float(gt=0), "clip_ratio_c": Float(gt=1), "entropy_bonus": Float(ge=0),
                   "adv_type": STR, "normalize_advantages": BOOL, "gamma": Float(ge=0, le=1), "lam": Float(ge=0, le=1),
                   "mismatch_correction": STR, "value_clip": Float(gt=0), "logprob_forward_micro_batch_size": Int(ge=1),
-                  "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0), "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)),
+                  "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"), "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)),
                                       "top_p": Float(gt=0, le=1), "max_new_tokens": Int(ge=1)},
                   "distill": {"enable": BOOL, "mode": STR, "coef": Float(ge=0), "center": BOOL,
                               "discount": Float(ge=0, le=1), "clip": Float(gt=0), "top_k": Int(ge=0, le=20),
@@ -63,7 +63,7 @@ SCHEMA: dict[str, Any] = {
                 "gpu_memory_utilization": Float(gt=0, le=1), "tensor_parallel_size": Int(ge=1), "seeded": BOOL,
                 "model": {"model_path": STR, "precision": STR}},
     "inference": {"group_name": STR, "load_from_actor": BOOL},
-    "data": {"max_prompt_length": Int(ge=1), "filter_overlong_prompts": BOOL, "truncation": STR,
+    "data": {"max_prompt_length": Int(ge=1, relation="< runner.seq_length"), "filter_overlong_prompts": BOOL, "truncation": STR,
              "rollout_batch_size": Int(ge=1), "apply_chat_template": BOOL, "shuffle": BOOL,
              "seed": Int(ge=0), "train_data_paths": STRS, "val_data_paths": STRS},
     "actor": {"group_name": STR, "training_backend": STR,
@@ -81,10 +81,27 @@ SCHEMA: dict[str, Any] = {
               "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL, "pack_traj": BOOL,
               "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
     "reward": {"group_name": STR, "reward_type": STR, "score": STR, "reward_scale": Float(gt=0)},
-    "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0),
+    "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0, relation="< the run's steps"),
                "model": {"model_path": STR, "precision": STR},
                "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
 }
+DATACLASS_SECTIONS = {"cluster": "rlinf_search.scheduler.config:ClusterConfig",
+                      "tools.search": "rlinf_search.tools.search.config:SearchToolConfig",
+                      "algorithm.distill.teacher": "rlinf_search.distill.config:TeacherConfig"}
+"""The open sections of ``SCHEMA`` read into dataclasses whose fields declare their ``Key`` (``declared``)."""
+
+
+def declarations() -> dict[str, Key]:
+    """Every declared key by dotted path: ``SCHEMA``'s leaves and the dataclass sections' fields."""
+    from rlinf_search.key_declarations import field_keys
+    from rlinf_search.plugins import import_callable
+
+    out = dict(leaves(SCHEMA))
+    for path, where in DATACLASS_SECTIONS.items():
+        out.update((f"{path}.{name}", key) for name, key in field_keys(import_callable(where, kind="config section")))
+    return out
+
+
 # Old spelling -> new; RLinf itself writes the turn limit both ways.
 DEPRECATED_KEYS = {"agentloop.maxturn": "agentloop.max_turns"}
 # RLinf keys that name something this trainer does not have: dropped with a one-line warning, so an

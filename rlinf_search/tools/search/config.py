@@ -31,7 +31,7 @@ class SearchToolConfig:
     timeout_s: float = declared(30.0, Float(gt=0))
     """Limit on one HTTP attempt (with several replicas, on each replica an attempt tries). An e5 server batching a few hundred queries answers in seconds,
     so this only catches a server that has stopped answering."""
-    deadline_s: float = declared(90.0, Float(gt=0))
+    deadline_s: float = declared(90.0, Float(gt=0, relation=">= timeout_s"))
     """Limit on one ``search()`` call, retries and waits included: past it the rollout gets an
     error observation instead of stalling its whole batch."""
     max_retries: int = declared(2, Int(ge=0))
@@ -40,7 +40,7 @@ class SearchToolConfig:
     backoff_base_s: float = declared(0.5, Float(ge=0))
     """First retry waits up to this long; each later one up to twice the previous (full jitter),
     so a fleet of rollout workers does not hammer a restarting server in lock-step."""
-    backoff_max_s: float = declared(8.0, Float(ge=0))
+    backoff_max_s: float = declared(8.0, Float(ge=0, relation=">= backoff_base_s"))
     """Cap on a single backoff wait."""
     max_concurrency: int = declared(64, Int(ge=1))
     """HTTP requests in flight at once from this client; also the connection-pool size."""
