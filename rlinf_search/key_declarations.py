@@ -27,7 +27,7 @@ class Key:
     """One leaf of the config tree."""
 
     kind: str
-    """``int``, ``float``, ``bool``, ``str``, ``list`` (of strings, or one string) or ``any`` (checked by its reader)."""
+    """``int``, ``float``, ``bool``, ``str`` or ``list`` (of strings, or one string)."""
     low: float | None = None
     """The smallest value allowed (None: no lower bound)."""
     high: float | None = None
@@ -40,6 +40,8 @@ class Key:
     """Values allowed outside the range, each with its meaning (``runner.max_steps: -1``: no step limit)."""
     unbounded: str | None = None
     """Why a number takes any value; a number without a range must say it."""
+    choices: tuple[str, ...] = ()
+    """For a ``str`` key with a fixed set of meanings (not an extension point, which its registry resolves): them."""
     relation: str = ""
     """A bound set by another key, in words (``< runner.seq_length``): its reader checks it, the docs show it."""
 
@@ -54,7 +56,8 @@ class Key:
     def range_words(self) -> str:
         """The range in words: ``>= 1``, ``in (0, 1]``, ``> 0, or -1``."""
         if self.low is not None and self.high is not None:
-            words = f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}{')' if self.high_open else ']'}"
+            opening, closing = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            words = f"in {opening}{_number(self.low)}, {_number(self.high)}{closing}"
         elif self.low is not None:
             words = f"{'>' if self.low_open else '>='} {_number(self.low)}"
         elif self.high is not None:
@@ -75,7 +78,7 @@ class Key:
     def check(self, path: str, value: Any) -> None:
         """Raise ``ValueOutOfRange`` (one line: the key, what it must be, the value) unless ``value`` fits; null
         always fits (it means the key's default)."""
-        if value is None or self.kind == "any":
+        if value is None:
             return
         if self.kind == "bool":
             if not isinstance(value, bool):
@@ -84,6 +87,8 @@ class Key:
         if self.kind == "str":
             if not isinstance(value, str):
                 raise ValueOutOfRange(f"{path}: expected a string, got {value!r}")
+            if self.choices and value not in self.choices:
+                raise ValueOutOfRange(f"{path}: unknown {value!r}; choose one of {', '.join(self.choices)}")
             return
         if self.kind == "list":
             items = [value] if isinstance(value, str) else value
@@ -136,10 +141,14 @@ def _ranged(kind, ge, le, gt, lt, also, unbounded, relation) -> Key:
                unbounded=unbounded, relation=relation)
 
 
+def Choice(*options: str) -> Key:
+    """A string key with a fixed set of meanings: ``Choice("sync", "overlap")``."""
+    return Key("str", choices=tuple(options))
+
+
 BOOL = Key("bool")
 STR = Key("str")
 STRS = Key("list")
-ANY = Key("any")
 
 
 def leaves(schema: Any, prefix: str = ""):

@@ -80,7 +80,8 @@ def test_resolvers_and_deprecated_key(cfg, caplog):
     (lambda c: c.tools.search.update({"topk": 0}), "tools.search.topk must be >= 1, got 0"),
     (lambda c: c.cluster.update({"component_placement": {"actor": "0-7"}}),
      "cluster.component_placement.actor: device range 0-7 exceeds"),
-    (lambda c: c.actor.lr_sched.update({"lr_decay_style": "linear"}), "lr_decay_style must be constant or cosine"),
+    (lambda c: c.actor.lr_sched.update({"lr_decay_style": "linear"}),
+     "actor.lr_sched.lr_decay_style: unknown 'linear'; choose one of constant, cosine"),
     (lambda c: c.cluster.update({"component_placement": {"actor,rollout,reward": "0", "inference": "0-1"}}),
      "inference shares some of the actor's devices but not all"),
     (lambda c: c.cluster.update({"component_placement": {"actor,rollout,reward": "0", "inference": "1"}})
@@ -293,8 +294,8 @@ def test_lr_schedule_spans_the_steps_the_run_really_takes(cfg):
 
 @pytest.mark.parametrize("change, message", [
     (lambda c: c.runner.update({"task_type": "math"}),
-     "runner.task_type: unknown 'math'; this trainer runs searchr1"),
-    (lambda c: c.reward.update({"reward_type": "math"}), "reward.reward_type: unknown 'math'; choose searchr1"),
+     "runner.task_type: unknown 'math'; choose one of searchr1"),
+    (lambda c: c.reward.update({"reward_type": "math"}), "reward.reward_type: unknown 'math'; choose one of searchr1"),
     (lambda c: c.reward.update({"group_name": "ActorGroup"}),
      "reward.group_name: 'ActorGroup' is actor.group_name too"),
     (lambda c: c.cluster.update({"component_placement": {"actor,rollout": "all"}}),
@@ -310,7 +311,8 @@ def test_lr_schedule_spans_the_steps_the_run_really_takes(cfg):
      "tools.search.top_k: unknown key; tools.search takes backend, backoff_base_s"),
     (lambda c: c.runner.update({"max_tokens_per_mbs": 0}), "runner.max_tokens_per_mbs must be >= 1, got 0"),
     (lambda c: c.runner.update({"max_tokens_per_mbs": "lots"}), "runner.max_tokens_per_mbs: expected an integer"),
-    (lambda c: c.runner.update({"max_steps": 0}), "runner.max_steps must be >= 1, or -1 (no step limit: runner.max_epochs"),
+    (lambda c: c.runner.update({"max_steps": 0}),
+     "runner.max_steps must be >= 1, or -1 (no step limit: runner.max_epochs"),
     (lambda c: c.algorithm.update({"kl_beta": "small"}), "algorithm.kl_beta: expected a number, got 'small'"),
     (lambda c: c.algorithm.update({"n_minibatches": 0}), "algorithm.n_minibatches must be >= 1"),
     (lambda c: c.data.update({"shuffle": "no"}), "data.shuffle: expected true or false, got 'no'"),

@@ -134,13 +134,17 @@ def test_every_key_read_is_accepted_by_its_schema():
 def test_every_schema_key_is_read():
     """A key the schema accepts but no reader reads would be a setting that silently does nothing. Keys
     of a section read whole into a dataclass (``get_section`` into ``OptimConfig``) and the Megatron keys
-    that ``megatron_config_from_actor`` reads count as read."""
+    that ``megatron_config_from_actor`` reads count as read; so does a key declared with one choice
+    (``reward.reward_type: searchr1``): it states what this trainer does and refuses anything else."""
     read_keys = {read.key for read in READS if read.key is not None}
     whole = {read.key for read in READS if read.key is not None and read.reader == "get_section"}
     megatron = {f"actor.model.{key}" for key in MEGATRON_MODEL_KEYS}
 
     def covered(key: str) -> bool:
         parts = key.split(".")
+        declared = _schema_node(SCHEMA, key)
+        if len(getattr(declared, "choices", ())) == 1:
+            return True
         return (key in read_keys or key in megatron or key.startswith("actor.megatron.")
                 or any(".".join(parts[:n]) in whole for n in range(1, len(parts))))
 

@@ -115,3 +115,10 @@ def test_every_number_of_a_dataclass_section_is_declared(cls):
     undeclared = [f.name for f in fields(cls) if any(word in str(f.type).split(" | ") for word in ("int", "float"))
                   and f.name not in dict(field_keys(cls))]
     assert not undeclared, f"{cls.__name__}: numeric fields without a Key: {undeclared}"
+
+
+@pytest.mark.parametrize("path, key", [(p, k) for p, k in DECLARED if k.choices],
+                         ids=[p for p, k in DECLARED if k.choices])
+def test_a_string_outside_its_choices_is_refused_in_one_line(path, key):
+    message = _refusal(path, "no-such-choice")
+    assert message.startswith(path) and "'no-such-choice'" in message and ", ".join(key.choices) in message, message

@@ -185,7 +185,7 @@ def test_recipe_validates_on_cpu(recipe):
     (lambda c: c.actor.model.update({"pipeline_model_parallel_size": 2}), "pipeline_model_parallel_size must be 1"),
     (lambda c: c.actor.model.update({"sequence_parallel": True}), "actor.model.sequence_parallel must be false"),
     (lambda c: c.actor.model.update({"recompute_method": None}), "recompute_granularity full needs recompute_method"),
-    (lambda c: c.actor.model.update({"recompute_granularity": "some"}), "recompute_granularity must be null, full or"),
+    (lambda c: c.actor.model.update({"recompute_granularity": "some"}), "actor.model.recompute_granularity: unknown 'some'; choose one of full, selective"),
     (lambda c: c.actor.megatron.update({"use_hf_ckpt": False}), "actor.megatron.use_hf_ckpt must be true"),
     (lambda c: c.actor.megatron.ckpt_convertor.update({"process_num": 16}),
      "actor.megatron.ckpt_convertor.process_num: unknown key"),
@@ -195,7 +195,7 @@ def test_recipe_validates_on_cpu(recipe):
     (lambda c: c.actor.model.update({"compile_layers": True}),
      "actor.model.compile_layers: read by the HF backends (fsdp, ddp) only"),
     (lambda c: c.actor.megatron.update({"core_attention": "flash"}),
-     "actor.megatron.core_attention must be one of local, sdpa, got 'flash'"),
+     "actor.megatron.core_attention: unknown 'flash'; choose one of local, sdpa"),
     (lambda c: c.actor.update({"training_backend": "fsdp"}),
      "actor.model.tensor_model_parallel_size: read by actor.training_backend: megatron only"),
 ])

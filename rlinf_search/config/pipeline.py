@@ -20,8 +20,6 @@ from rlinf_search.config.schema import ConfigError
 from rlinf_search.scheduler.placement import Placement
 from rlinf_search.workers.inference.plan import LogprobPlan
 
-PIPELINES = ("sync", "overlap", "stream", "async")
-
 ASYNC_CORRECTION = "tis"
 """``algorithm.mismatch_correction`` when an asynchronous pipeline leaves it unset (docs/runtime.md says why)."""
 
@@ -63,8 +61,6 @@ def resolve_pipeline(value: str | None, *, max_staleness: int, partial_rollout: 
     of the two the config sets. Raises ``ConfigError`` in one line."""
     if value is None:
         value = "overlap" if placement.mode == "disaggregated" else "sync"
-    if value not in PIPELINES:
-        raise ConfigError(f"runner.pipeline: unknown {value!r}; choose one of {', '.join(PIPELINES)}")
     if value != "async":
         for key in ("max_staleness", "partial_rollout"):
             if key in written:

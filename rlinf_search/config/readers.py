@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlinf_search.config.schema import ConfigError
+from rlinf_search.config.schema import PRECISIONS, ConfigError
 
 if TYPE_CHECKING:
     from rlinf_search.registry import Registry
@@ -70,10 +70,6 @@ def get_section(raw: dict, dotted: str) -> dict:
     return {key: value for key, value in body.items() if value is not None}
 
 
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float32": "float32",
-              "bfloat16": "bfloat16", "float16": "float16"}
-
-
 def get_precision(raw: dict, dotted: str, default: str | None, *, training: bool = False) -> str | None:
     """A precision key as a torch dtype name (``bf16`` -> ``bfloat16``); null: ``default`` (None stays None).
 
@@ -82,8 +78,6 @@ def get_precision(raw: dict, dotted: str, default: str | None, *, training: bool
     value = get(raw, dotted, default)
     if value is None:
         return None
-    if value not in PRECISIONS:
-        raise ConfigError(f"{dotted}: precision must be one of {sorted(PRECISIONS)}, got {value!r}")
     if training and PRECISIONS[value] == "float16":
         raise ConfigError(f"{dotted}: fp16 training needs loss scaling, which this trainer does not do; use bf16 "
                           "(bf16 compute over fp32 master weights) or fp32")
@@ -101,11 +95,3 @@ def get_registered(raw: dict, dotted: str, default: str | None, registry: Regist
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return name
-
-
-def get_choice(raw: dict, dotted: str, default: str, choices: tuple[str, ...]) -> str:
-    """The string at ``dotted``, one of ``choices`` (a fixed set of meanings, not an extension point)."""
-    value = get(raw, dotted, default)
-    if value not in choices:
-        raise ConfigError(f"{dotted}: unknown {value!r}; choose one of {', '.join(choices)}")
-    return value

@@ -48,8 +48,6 @@ from rlinf_search.workers.rollout.config import RolloutConfig
 
 # Components a training run must place.
 TRAINING_COMPONENTS = ("actor", "rollout", "reward")
-# The one task this trainer runs.
-TASK_TYPES = ("searchr1",)
 
 
 @dataclass(frozen=True)
@@ -167,9 +165,6 @@ def _runner(raw: dict) -> RunnerConfig:
     output_dir = get(raw, "runner.output_dir")
     if not output_dir:
         raise ConfigError("runner.output_dir is required")
-    task = get(raw, "runner.task_type", TASK_TYPES[0])
-    if task not in TASK_TYPES:
-        raise ConfigError(f"runner.task_type: unknown {task!r}; this trainer runs {', '.join(TASK_TYPES)} only")
     backends = get(raw, "runner.logger.logger_backends", RunnerConfig.logger_backends)
     if not isinstance(backends, (list, tuple)):
         raise ConfigError(f"runner.logger.logger_backends: expected a list of sink names, got {backends!r}")

@@ -10,7 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlinf_search.key_declarations import BOOL, STR, STRS, Float, Int, Key, ValueOutOfRange, leaves
+from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
+from rlinf_search.data.prompt_tokens import TRUNCATIONS
+from rlinf_search.distill.config import DISTILL_MODES
+from rlinf_search.key_declarations import BOOL, STR, STRS, Choice, Float, Int, Key, ValueOutOfRange, leaves
+from rlinf_search.workers.actor.megatron.config import CORE_ATTENTIONS
 from rlinf_search.key_declarations import check_values as _check_values
 
 log = logging.getLogger(__name__)
@@ -29,60 +33,77 @@ def check_values(raw: dict, schema: dict) -> None:
         raise ConfigError(str(exc)) from None
 
 
-# Every key the code reads, each declared once with what its value may be (``key_declarations.py``); a key outside this tree
-# is a typo or a dead setting, and an error. A "*" section is checked by the reader named beside it.
+# Every key the code reads, each declared once with what its value may be (``key_declarations.py``); a key outside this
+# tree is a typo or a dead setting, and an error. A "*" section is checked by the reader named beside it.
 _OPTIM = {"lr": Float(ge=0, le=1), "adam_beta1": Float(ge=0, lt=1), "adam_beta2": Float(ge=0, lt=1),
           "adam_eps": Float(gt=0, le=1), "weight_decay": Float(ge=0, le=1), "clip_grad": Float(gt=0)}
-_LR_SCHED = {"lr_warmup_fraction": Float(ge=0, le=1), "lr_decay_style": STR, "min_lr": Float(ge=0, le=1)}
+_LR_SCHED = {"lr_warmup_fraction": Float(ge=0, le=1), "lr_decay_style": Choice("constant", "cosine"),
+             "min_lr": Float(ge=0, le=1)}
+TASK_TYPES = ("searchr1",)
+"""``runner.task_type``: the one task this trainer runs."""
+PIPELINES = ("sync", "overlap", "stream", "async")
+"""``runner.pipeline``: how a step's rollout and update overlap (``config/pipeline.py``)."""
+REWARD_TYPES = ("searchr1",)
+"""``reward.reward_type``: the one reward family (``reward.score`` picks the variant)."""
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float32": "float32",
+              "bfloat16": "bfloat16", "float16": "float16"}
+"""Precision spellings to torch dtype names."""
+_PRECISION = Choice(*PRECISIONS)
 SCHEMA: dict[str, Any] = {
     "hydra": "*",
     "cluster": "*",  # checked by ClusterConfig.from_dict
-    "runner": {"task_type": STR, "experiment_name": STR, "output_dir": STR, "max_epochs": Int(ge=1),
-               "max_steps": Int(ge=1, also=((-1, "no step limit: runner.max_epochs ends the run"),)), "val_check_interval": Int(ge=0), "save_interval": Int(ge=0),
-               "seq_length": Int(ge=2), "max_tokens_per_mbs": Int(ge=1), "resume_dir": STR, "rollout_dump": Int(ge=0),
-               "pipeline": STR, "max_staleness": Int(ge=1), "partial_rollout": BOOL,
-               "logger": {"log_path": STR, "project_name": STR, "experiment_name": STR, "logger_backends": STRS}},
-    "algorithm": {"policy_loss": STR, "group_size": Int(ge=1), "n_minibatches": Int(ge=1), "ppo_epochs": Int(ge=1),
-                  "recompute_logprobs": BOOL, "shuffle_rollout": BOOL, "loss_agg_func": STR, "kl_beta": Float(ge=0),
-                  "kl_penalty_type": STR, "ratio_clip_eps": Float(gt=0, lt=1), "clip_ratio_low": Float(gt=0, lt=1),
-                  "clip_ratio_high": Float(gt=0), "clip_ratio_c": Float(gt=1), "entropy_bonus": Float(ge=0),
-                  "adv_type": STR, "normalize_advantages": BOOL, "gamma": Float(ge=0, le=1), "lam": Float(ge=0, le=1),
-                  "mismatch_correction": STR, "value_clip": Float(gt=0), "logprob_forward_micro_batch_size": Int(ge=1),
-                  "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"), "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)),
-                                      "top_p": Float(gt=0, le=1), "max_new_tokens": Int(ge=1)},
-                  "distill": {"enable": BOOL, "mode": STR, "coef": Float(ge=0), "center": BOOL,
-                              "discount": Float(ge=0, le=1), "clip": Float(gt=0), "top_k": Int(ge=0, le=20),
-                              "top_k_coef": Float(gt=0), "top_k_divergence": STR, "max_failed_fraction": Float(ge=0, le=1),
-                              "failure_window_steps": Int(ge=1),
-                              "teacher": "*"}},  # checked by TeacherConfig.from_dict
+    "runner": {
+        "task_type": Choice(*TASK_TYPES), "experiment_name": STR, "output_dir": STR, "max_epochs": Int(ge=1),
+        "max_steps": Int(ge=1, also=((-1, "no step limit: runner.max_epochs ends the run"),)),
+        "val_check_interval": Int(ge=0), "save_interval": Int(ge=0), "seq_length": Int(ge=2),
+        "max_tokens_per_mbs": Int(ge=1), "resume_dir": STR, "rollout_dump": Int(ge=0), "pipeline": Choice(*PIPELINES),
+        "max_staleness": Int(ge=1), "partial_rollout": BOOL,
+        "logger": {"log_path": STR, "project_name": STR, "experiment_name": STR, "logger_backends": STRS}},
+    "algorithm": {
+        "policy_loss": STR, "group_size": Int(ge=1), "n_minibatches": Int(ge=1), "ppo_epochs": Int(ge=1),
+        "recompute_logprobs": BOOL, "shuffle_rollout": BOOL, "loss_agg_func": STR, "kl_beta": Float(ge=0),
+        "kl_penalty_type": STR, "ratio_clip_eps": Float(gt=0, lt=1), "clip_ratio_low": Float(gt=0, lt=1),
+        "clip_ratio_high": Float(gt=0), "clip_ratio_c": Float(gt=1), "entropy_bonus": Float(ge=0), "adv_type": STR,
+        "normalize_advantages": BOOL, "gamma": Float(ge=0, le=1), "lam": Float(ge=0, le=1),
+        "mismatch_correction": STR, "value_clip": Float(gt=0), "logprob_forward_micro_batch_size": Int(ge=1),
+        "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"),
+                            "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)), "top_p": Float(gt=0, le=1),
+                            "max_new_tokens": Int(ge=1)},
+        "distill": {"enable": BOOL, "mode": Choice(*DISTILL_MODES), "coef": Float(ge=0), "center": BOOL,
+                    "discount": Float(ge=0, le=1), "clip": Float(gt=0), "top_k": Int(ge=0, le=20),
+                    "top_k_coef": Float(gt=0), "top_k_divergence": Choice(*TOP_K_DIVERGENCES),
+                    "max_failed_fraction": Float(ge=0, le=1), "failure_window_steps": Int(ge=1),
+                    "teacher": "*"}},  # checked by TeacherConfig.from_dict
     "agentloop": {"max_turns": Int(ge=0), "max_tool_response_length": Int(ge=1), "max_passage_tokens": Int(ge=1),
                   "retokenize": BOOL, "num_workers": Int(ge=0)},
     "agent": {"protocol": STR},
-    "tools": "*",  # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
+    # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
+    "tools": "*",
     "rollout": {"group_name": STR, "rollout_backend": STR, "max_running_requests": Int(ge=1),
                 "gpu_memory_utilization": Float(gt=0, le=1), "tensor_parallel_size": Int(ge=1), "seeded": BOOL,
-                "model": {"model_path": STR, "precision": STR}},
+                "model": {"model_path": STR, "precision": _PRECISION}},
     "inference": {"group_name": STR, "load_from_actor": BOOL},
-    "data": {"max_prompt_length": Int(ge=1, relation="< runner.seq_length"), "filter_overlong_prompts": BOOL, "truncation": STR,
-             "rollout_batch_size": Int(ge=1), "apply_chat_template": BOOL, "shuffle": BOOL,
-             "seed": Int(ge=0), "train_data_paths": STRS, "val_data_paths": STRS},
-    "actor": {"group_name": STR, "training_backend": STR,
-              "model": {"precision": STR, "enable_gradient_checkpointing": BOOL, "use_remove_padding": BOOL,
-                        "logprob_chunk_size": Int(ge=1), "attn_implementation": STR, "compile_layers": BOOL,
-                        # read by the megatron backend only (workers/actor/megatron/config.py: MODEL_KEYS)
-                        "tensor_model_parallel_size": Int(ge=1), "pipeline_model_parallel_size": Int(ge=1),
-                        "sequence_parallel": BOOL, "recompute_granularity": STR, "recompute_method": STR,
-                        "recompute_num_layers": Int(ge=1)},
-              "fsdp_config": {"cpu_offload": BOOL},
-              "megatron": {"use_hf_ckpt": BOOL, "distributed_timeout_minutes": Int(ge=1), "core_attention": STR,
-                           "ckpt_convertor": {"hf_model_path": STR, "save_path": STR,
-                                              "tensor_model_parallel_size": Int(ge=1),
-                                              "pipeline_model_parallel_size": Int(ge=1)}},
-              "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL, "pack_traj": BOOL,
-              "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
-    "reward": {"group_name": STR, "reward_type": STR, "score": STR, "reward_scale": Float(gt=0)},
+    "data": {"max_prompt_length": Int(ge=1, relation="< runner.seq_length"), "filter_overlong_prompts": BOOL,
+             "truncation": Choice(*TRUNCATIONS), "rollout_batch_size": Int(ge=1), "apply_chat_template": BOOL,
+             "shuffle": BOOL, "seed": Int(ge=0), "train_data_paths": STRS, "val_data_paths": STRS},
+    "actor": {
+        "group_name": STR, "training_backend": STR,
+        "model": {"precision": _PRECISION, "enable_gradient_checkpointing": BOOL, "use_remove_padding": BOOL,
+                  "logprob_chunk_size": Int(ge=1), "attn_implementation": STR, "compile_layers": BOOL,
+                  # read by the megatron backend only (workers/actor/megatron/config.py: MODEL_KEYS)
+                  "tensor_model_parallel_size": Int(ge=1), "pipeline_model_parallel_size": Int(ge=1),
+                  "sequence_parallel": BOOL, "recompute_granularity": Choice("full", "selective"),
+                  "recompute_method": Choice("uniform", "block"), "recompute_num_layers": Int(ge=1)},
+        "fsdp_config": {"cpu_offload": BOOL},
+        "megatron": {"use_hf_ckpt": BOOL, "distributed_timeout_minutes": Int(ge=1),
+                     "core_attention": Choice(*CORE_ATTENTIONS),
+                     "ckpt_convertor": {"hf_model_path": STR, "save_path": STR, "tensor_model_parallel_size": Int(ge=1),
+                                        "pipeline_model_parallel_size": Int(ge=1)}},
+        "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL, "pack_traj": BOOL,
+        "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
+    "reward": {"group_name": STR, "reward_type": Choice(*REWARD_TYPES), "score": STR, "reward_scale": Float(gt=0)},
     "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0, relation="< the run's steps"),
-               "model": {"model_path": STR, "precision": STR},
+               "model": {"model_path": STR, "precision": _PRECISION},
                "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
 }
 DATACLASS_SECTIONS = {"cluster": "rlinf_search.scheduler.config:ClusterConfig",

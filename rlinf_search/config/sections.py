@@ -27,7 +27,7 @@ from rlinf_search.config.readers import (
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.config.tools import extra_tools
 from rlinf_search.data.io_struct import SamplingParams
-from rlinf_search.data.prompt_tokens import TRUNCATIONS, PromptLimit
+from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement, Topology, validate_placement
@@ -38,8 +38,6 @@ from rlinf_search.workers.rollout.config import VLLM_ONLY_KEYS, RolloutConfig
 
 # Components a placement may name (the agent loop runs inside the rollout group, so it is not one).
 COMPONENTS = frozenset({"actor", "rollout", "reward", "inference"})
-# The one reward family (``reward.score`` picks the variant).
-REWARD_TYPES = ("searchr1",)
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +93,6 @@ def prompt_limit(raw: dict, *, seq_length: int) -> PromptLimit:
     if max_prompt >= seq_length:
         raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
     truncation = get(raw, "data.truncation", PromptLimit.truncation)
-    if truncation not in TRUNCATIONS:
-        raise ConfigError(f"data.truncation: unknown {truncation!r}; choose one of {', '.join(TRUNCATIONS)}")
     return PromptLimit(max_prompt_tokens=max_prompt, truncation=truncation,
                        filter_overlong=get_bool(raw, "data.filter_overlong_prompts", PromptLimit.filter_overlong),
                        apply_chat_template=get_bool(raw, "data.apply_chat_template", PromptLimit.apply_chat_template))
@@ -202,10 +198,6 @@ def data_paths(raw: dict, key: str, *, required: bool) -> tuple[str, ...]:
 
 
 def reward_config(raw: dict) -> RewardConfig:
-    """``reward.score`` and ``reward.reward_scale``; ``reward.reward_type`` names the one reward family."""
-    reward_type = get(raw, "reward.reward_type", REWARD_TYPES[0])
-    if reward_type not in REWARD_TYPES:
-        raise ConfigError(f"reward.reward_type: unknown {reward_type!r}; choose {', '.join(REWARD_TYPES)} "
-                          "(reward.score picks the variant)")
+    """``reward.score`` and ``reward.reward_scale`` (``reward.reward_type``, the one reward family, is declared)."""
     return RewardConfig(score=get_registered(raw, "reward.score", RewardConfig.score, REWARDS),
                         scale=get_float(raw, "reward.reward_scale", RewardConfig.scale))

@@ -15,12 +15,10 @@ from rlinf_search.algorithms import (
     LOSS_AGGREGATIONS,
     MISMATCH_CORRECTIONS,
     POLICY_LOSSES,
-    TOP_K_DIVERGENCES,
 )
 from rlinf_search.config.readers import (
     get,
     get_bool,
-    get_choice,
     get_float,
     get_int,
     get_precision,
@@ -63,8 +61,7 @@ def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> 
         kl_penalty_type=kl_type,
         entropy_bonus=get_float(raw, "algorithm.entropy_bonus", PolicyLossConfig.entropy_bonus),
         temperature=temperature, mismatch_correction=correction, norm_constant=float(max_response_tokens),
-        top_k_divergence=get_choice(raw, "algorithm.distill.top_k_divergence", PolicyLossConfig.top_k_divergence,
-                                    TOP_K_DIVERGENCES))
+        top_k_divergence=get(raw, "algorithm.distill.top_k_divergence", PolicyLossConfig.top_k_divergence))
 
 
 def _optim(optim: dict, lr_sched: dict, *, section: str, total_steps: int, lr: float | None = None) -> OptimConfig:

@@ -82,9 +82,6 @@ class MegatronConfig:
         elif self.recompute_method is not None or self.recompute_num_layers is not None:
             raise ValueError("actor.model.recompute_method / recompute_num_layers apply to "
                              "recompute_granularity: full only")
-        if self.core_attention not in CORE_ATTENTIONS:
-            raise ValueError(f"actor.megatron.core_attention must be one of {', '.join(CORE_ATTENTIONS)}, "
-                             f"got {self.core_attention!r}")
         if self.distributed_timeout_minutes < 1:
             raise ValueError("actor.megatron.distributed_timeout_minutes must be >= 1")
 
