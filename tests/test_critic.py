@@ -217,8 +217,8 @@ def test_critic_config_defaults(cfg):
     (lambda c: c.critic.update({"warmup_steps": 30}), "critic.warmup_steps must be in [0, 30) (the run's steps)"),
     (lambda c: c.critic.update({"optim": {"lrr": 1.0}}), "critic.optim.lrr: unknown key"),
     (lambda c: c.critic.update({"lr_sched": {"lr_decay_style": "linear"}}),
-     "critic.lr_sched.lr_decay_style must be constant or cosine"),
-    (lambda c: c.critic.update({"model": {"precision": "fp8"}}), "critic.model.precision: precision must be one of"),
+     "critic.lr_sched.lr_decay_style: unknown 'linear'; choose one of constant, cosine"),
+    (lambda c: c.critic.update({"model": {"precision": "fp8"}}), "critic.model.precision: unknown 'fp8'; choose one of fp32, bf16"),
 ])
 def test_broken_critic_rules_name_the_key(cfg, change, message):
     change(cfg)
