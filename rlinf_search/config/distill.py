@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlinf_search.config.readers import get, get_bool, get_float, get_int
+from rlinf_search.config.readers import get, get_bool, get_section
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.distill.config import DistillConfig, TeacherConfig
 
@@ -30,20 +30,10 @@ def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
     teacher = get(raw, "algorithm.distill.teacher", {})
     if not isinstance(teacher, dict):
         raise ConfigError(f"algorithm.distill.teacher: expected a section of keys, got {type(teacher).__name__}")
+    # The section's keys are DistillConfig's declared fields, checked by their declarations already; null: default.
+    settings = {key: value for key, value in get_section(raw, "algorithm.distill").items()
+                if key not in ("enable", "teacher", "top_k_divergence")}
     try:
-        return DistillConfig(
-            teacher=TeacherConfig.from_dict(teacher),
-            mode=get(raw, "algorithm.distill.mode", DistillConfig.mode),
-            coef=get_float(raw, "algorithm.distill.coef", DistillConfig.coef),
-            center=get_bool(raw, "algorithm.distill.center", DistillConfig.center),
-            discount=get_float(raw, "algorithm.distill.discount", DistillConfig.discount),
-            clip=get_float(raw, "algorithm.distill.clip", DistillConfig.clip),
-            top_k=get_int(raw, "algorithm.distill.top_k", DistillConfig.top_k),
-            top_k_coef=get_float(raw, "algorithm.distill.top_k_coef", DistillConfig.top_k_coef),
-            max_failed_fraction=get_float(raw, "algorithm.distill.max_failed_fraction",
-                                          DistillConfig.max_failed_fraction),
-            failure_window_steps=get_int(raw, "algorithm.distill.failure_window_steps",
-                                         DistillConfig.failure_window_steps),
-            temperature=temperature)
-    except (TypeError, ValueError) as exc:
+        return DistillConfig(teacher=TeacherConfig.from_dict(teacher), temperature=temperature, **settings)
+    except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -12,8 +12,8 @@ from typing import Any
 
 from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
 from rlinf_search.data.prompt_tokens import TRUNCATIONS
-from rlinf_search.distill.config import DISTILL_MODES
-from rlinf_search.key_declarations import BOOL, STR, STRS, Choice, Float, Int, Key, ValueOutOfRange, leaves
+from rlinf_search.distill.config import DistillConfig
+from rlinf_search.key_declarations import BOOL, STR, STRS, Choice, Float, Int, Key, ValueOutOfRange, field_keys, leaves
 from rlinf_search.workers.actor.megatron.config import CORE_ATTENTIONS
 from rlinf_search.key_declarations import check_values as _check_values
 
@@ -69,10 +69,8 @@ SCHEMA: dict[str, Any] = {
         "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"),
                             "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)), "top_p": Float(gt=0, le=1),
                             "max_new_tokens": Int(ge=1)},
-        "distill": {"enable": BOOL, "mode": Choice(*DISTILL_MODES), "coef": Float(ge=0), "center": BOOL,
-                    "discount": Float(ge=0, le=1), "clip": Float(gt=0), "top_k": Int(ge=0, le=20),
-                    "top_k_coef": Float(gt=0), "top_k_divergence": Choice(*TOP_K_DIVERGENCES),
-                    "max_failed_fraction": Float(ge=0, le=1), "failure_window_steps": Int(ge=1),
+        # DistillConfig's declared fields; top_k_divergence is the actor loss's (PolicyLossConfig)
+        "distill": {"enable": BOOL, **dict(field_keys(DistillConfig)), "top_k_divergence": Choice(*TOP_K_DIVERGENCES),
                     "teacher": "*"}},  # checked by TeacherConfig.from_dict
     "agentloop": {"max_turns": Int(ge=0), "max_tool_response_length": Int(ge=1), "max_passage_tokens": Int(ge=1),
                   "retokenize": BOOL, "num_workers": Int(ge=0)},
@@ -114,7 +112,6 @@ DATACLASS_SECTIONS = {"cluster": "rlinf_search.scheduler.config:ClusterConfig",
 
 def declarations() -> dict[str, Key]:
     """Every declared key by dotted path: ``SCHEMA``'s leaves and the dataclass sections' fields."""
-    from rlinf_search.key_declarations import field_keys
     from rlinf_search.plugins import import_callable
 
     out = dict(leaves(SCHEMA))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rlinf_search.key_declarations import STR, Float, Int, check_fields, declared
+from rlinf_search.key_declarations import BOOL, STR, Choice, Float, Int, check_fields, declared
 from rlinf_search.net.retry import RetryPolicy
 from rlinf_search.typed_section import section_to
 
@@ -78,55 +78,40 @@ class DistillConfig:
 
     teacher: TeacherConfig
     """``algorithm.distill.teacher``."""
-    mode: str = "add"
+    mode: str = declared("add", Choice(*DISTILL_MODES))
     """``add``: the term is added to the GRPO advantage; ``only``: it replaces it."""
-    coef: float = 1.0
+    coef: float = declared(1.0, Float(ge=0))
     """Weight of the term ``-coef * KL``, where KL is ``log p_student - log p_teacher`` on a model token.
     0 (with ``mode: add``): the teacher only measures the KL, and the run trains on GRPO alone; the
     baseline of a comparison then logs the same ``distill/*`` curves as the distilled run."""
-    discount: float = 0.0
+    discount: float = declared(0.0, Float(ge=0, le=1))
     """Each token's term also sums the following tokens' KL of the same turn, discounted by this (0:
     the token's own KL only; 1: the rest of the turn)."""
-    center: bool = True
+    center: bool = declared(True, BOOL)
     """Subtract the batch's mean KL per scored model token before the term is formed (a baseline)."""
-    clip: float | None = None
+    clip: float | None = declared(None, Float(gt=0))
     """Clip each token's term to ``[-clip, clip]``; None: no clip."""
-    top_k: int = 0
+    top_k: int = declared(0, Int(ge=0, le=MAX_TOP_K))
     """0: the sampled-token term only. k > 0: the teacher also sends its k most likely tokens at every
     model token (``logprobs: k``, ids as vLLM's ``return_tokens_as_token_ids`` gives them), and the actor
     adds ``top_k_coef * KL(teacher top-k || student)`` to each token's loss: a dense target that teaches the
     teacher's choice even where the student never samples it. Needs a teacher that shares the student's
     tokenizer; 20 at most (vLLM's default ``--max-logprobs``)."""
-    top_k_coef: float = 1.0
+    top_k_coef: float = declared(1.0, Float(gt=0))
     """Weight of the top-k KL in the actor's loss (read only with ``top_k`` > 0)."""
-    max_failed_fraction: float = 0.5
+    max_failed_fraction: float = declared(0.5, Float(ge=0, le=1))
     """The run stops, with one line, when more than this share of the trajectories of the last
     ``failure_window_steps`` steps got no teacher signal (a teacher that is down for good)."""
-    failure_window_steps: int = 5
+    failure_window_steps: int = declared(5, Int(ge=1))
     """Steps the failure share is measured over."""
     temperature: float = field(default=1.0)
     """The rollout temperature, at which both log-probs are taken (from ``algorithm.sampling_params``)."""
 
     def __post_init__(self) -> None:
-        if self.mode not in DISTILL_MODES:
-            raise ValueError(f"algorithm.distill.mode: unknown {self.mode!r}; choose one of {', '.join(DISTILL_MODES)}")
-        if self.coef < 0:
-            raise ValueError(f"algorithm.distill.coef must be >= 0, got {self.coef}")
+        check_fields(self, "algorithm.distill")
         if self.coef == 0 and self.mode == "only" and self.top_k == 0:
             raise ValueError("algorithm.distill.coef 0 with mode 'only' would train on nothing; "
                              "use mode 'add' to measure the KL alongside GRPO, or set top_k")
-        if not 0 <= self.top_k <= MAX_TOP_K:
-            raise ValueError(f"algorithm.distill.top_k must be in [0, {MAX_TOP_K}], got {self.top_k}")
-        if self.top_k and self.top_k_coef <= 0:
-            raise ValueError(f"algorithm.distill.top_k_coef must be > 0 with top_k set, got {self.top_k_coef}")
         if self.top_k and self.teacher.tokenizer is not None:
             raise ValueError("algorithm.distill.top_k needs a teacher that shares the student's tokenizer "
                              "(teacher.tokenizer: null): its top tokens are ids of its own vocabulary")
-        if not 0 <= self.discount <= 1:
-            raise ValueError(f"algorithm.distill.discount must be in [0, 1], got {self.discount}")
-        if self.clip is not None and self.clip <= 0:
-            raise ValueError(f"algorithm.distill.clip must be > 0 or null, got {self.clip}")
-        if not 0 <= self.max_failed_fraction <= 1:
-            raise ValueError(f"algorithm.distill.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
-        if self.failure_window_steps < 1:
-            raise ValueError(f"algorithm.distill.failure_window_steps must be >= 1, got {self.failure_window_steps}")
