@@ -14,6 +14,7 @@ from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
 from rlinf_search.data.prompt_tokens import TRUNCATIONS
 from rlinf_search.distill.config import DistillConfig
 from rlinf_search.key_declarations import BOOL, STR, STRS, Choice, Float, Int, Key, ValueOutOfRange, field_keys, leaves
+from rlinf_search.workers.actor.config import LR_SCHED_KEYS, OptimConfig
 from rlinf_search.workers.actor.megatron.config import CORE_ATTENTIONS
 from rlinf_search.key_declarations import check_values as _check_values
 
@@ -35,10 +36,8 @@ def check_values(raw: dict, schema: dict) -> None:
 
 # Every key the code reads, each declared once with what its value may be (``key_declarations.py``); a key outside this
 # tree is a typo or a dead setting, and an error. A "*" section is checked by the reader named beside it.
-_OPTIM = {"lr": Float(ge=0, le=1), "adam_beta1": Float(ge=0, lt=1), "adam_beta2": Float(ge=0, lt=1),
-          "adam_eps": Float(gt=0, le=1), "weight_decay": Float(ge=0, le=1), "clip_grad": Float(gt=0)}
-_LR_SCHED = {"lr_warmup_fraction": Float(ge=0, le=1), "lr_decay_style": Choice("constant", "cosine"),
-             "min_lr": Float(ge=0, le=1)}
+_OPTIM = {name: key for name, key in field_keys(OptimConfig) if name not in LR_SCHED_KEYS}
+_LR_SCHED = {name: key for name, key in field_keys(OptimConfig) if name in LR_SCHED_KEYS}
 TASK_TYPES = ("searchr1",)
 """``runner.task_type``: the one task this trainer runs."""
 PIPELINES = ("sync", "overlap", "stream", "async")

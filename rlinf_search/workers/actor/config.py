@@ -4,36 +4,44 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlinf_search.key_declarations import Choice, Float, check_fields, declared
 from rlinf_search.workers.actor.megatron.config import MegatronConfig
 from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.offload import OffloadConfig
 
 
+LR_SCHED_KEYS = ("lr_warmup_fraction", "lr_decay_style", "min_lr")
+"""``OptimConfig``'s fields that the config writes under ``lr_sched``; its other declared fields are ``optim``'s."""
+
+
 @dataclass(frozen=True)
 class OptimConfig:
-    """``actor.optim`` and ``actor.lr_sched`` (and ``critic.optim`` / ``critic.lr_sched``); each key's range is declared
-    in ``config/schema.py`` and checked before this is built."""
+    """``actor.optim`` and ``actor.lr_sched`` (and ``critic.optim`` / ``critic.lr_sched``): each key declared here once,
+    ``config/schema.py`` takes both sections' keys from these fields (``LR_SCHED_KEYS`` are ``lr_sched``'s)."""
 
-    lr: float = 1e-6
+    lr: float = declared(1e-6, Float(ge=0, le=1))
     """Peak learning rate (Search-R1: 1e-6)."""
-    adam_beta1: float = 0.9
+    adam_beta1: float = declared(0.9, Float(ge=0, lt=1))
     """AdamW beta1."""
-    adam_beta2: float = 0.999
+    adam_beta2: float = declared(0.999, Float(ge=0, lt=1))
     """AdamW beta2."""
-    adam_eps: float = 1e-8
+    adam_eps: float = declared(1e-8, Float(gt=0, le=1))
     """AdamW epsilon."""
-    weight_decay: float = 0.01
+    weight_decay: float = declared(0.01, Float(ge=0, le=1))
     """AdamW decoupled weight decay."""
-    clip_grad: float = 1.0
+    clip_grad: float = declared(1.0, Float(gt=0))
     """Global gradient-norm clip."""
-    lr_warmup_fraction: float = 0.0
+    lr_warmup_fraction: float = declared(0.0, Float(ge=0, le=1))
     """Share of ``total_steps`` spent warming up linearly from 0 (Search-R1: 0.285)."""
-    lr_decay_style: str = "constant"
+    lr_decay_style: str = declared("constant", Choice("constant", "cosine"))
     """After warm-up: ``constant`` or ``cosine`` (down to ``min_lr``)."""
-    min_lr: float = 0.0
+    min_lr: float = declared(0.0, Float(ge=0, le=1))
     """Floor of the cosine decay."""
     total_steps: int = 1
     """Optimizer steps of the whole run (warm-up and decay are fractions of it)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "optim")
 
 
 @dataclass(frozen=True)
