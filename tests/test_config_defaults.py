@@ -201,3 +201,17 @@ def test_docs_state_the_default_the_code_uses(key):
         code = PRECISIONS[code]
     assert _as_value(documented[key], key) == code, \
         f"docs/config.md: {key} default {documented[key]!r}, the code's is {code!r}"
+
+
+def test_every_typed_read_is_of_a_key_declared_with_that_type():
+    """``get_int``, ``get_float`` and ``get_bool`` convert, and leave the type check to the key's declaration
+    (``check_values`` runs before any reader): so each key they read must be declared with their type."""
+    from rlinf_search.config.schema import declarations
+
+    declared = declarations()
+    wanted = {"get_int": ("int",), "get_float": ("float", "int"), "get_bool": ("bool",)}
+    wrong = [f"{read.where}: {read.reader} {read.key} (declared {getattr(declared.get(read.key), 'kind', None)})"
+             for read in READS if read.reader in wanted and read.key is not None
+             and getattr(declared.get(read.key), "kind", None) not in wanted[read.reader]]
+    dynamic = [read.where for read in READS if read.reader in wanted and read.key is None]
+    assert not wrong and not dynamic, (wrong, dynamic)

@@ -1,7 +1,8 @@
 """Readers of the raw config dict: one typed value per dotted key, with the key's path in every error.
 
-Every reader treats an explicit ``null`` as "use the default" (``algorithm.kl_beta: null`` is 0.0), and
-a value of the wrong type is a ``ConfigError`` naming the key, never a ``TypeError`` from deep inside.
+Every reader treats an explicit ``null`` as "use the default" (``algorithm.kl_beta: null`` is 0.0). Types and ranges
+are the keys' declarations' (``key_declarations.py``), checked once before any reader runs, so a value of the wrong
+type is a ``ConfigError`` naming the key, never a ``TypeError`` from deep inside.
 The default a reader is handed is the typed view's field default (``RunnerConfig.max_steps``), never a
 second literal: ``tests/test_config_defaults.py`` checks every call.
 """
@@ -27,39 +28,21 @@ def get(raw: dict, dotted: str, default: Any = None) -> Any:
 
 
 def get_int(raw: dict, dotted: str, default: int | None) -> int | None:
-    """An integer key (null: ``default``). Its range is its declaration's (``key_declarations.py``), checked before any
-    reader runs."""
+    """An integer key (null: ``default``): its declaration's type and range were checked before any reader runs
+    (``check_values``; a test holds every ``get_int`` to a key declared ``int``)."""
     value = get(raw, dotted, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ConfigError(f"{dotted}: expected an integer, got {value!r}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{dotted}: expected an integer, got {value!r}") from None
-    return number
+    return None if value is None else int(value)
 
 
 def get_float(raw: dict, dotted: str, default: float | None) -> float | None:
-    """A number key (null: ``default``)."""
+    """A number key (null: ``default``), declared ``float`` or ``int``."""
     value = get(raw, dotted, default)
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{dotted}: expected a number, got {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{dotted}: expected a number, got {value!r}") from None
+    return None if value is None else float(value)
 
 
 def get_bool(raw: dict, dotted: str, default: bool) -> bool:
-    """A true/false key (null: ``default``); a string such as ``"false"`` is an error, not truthy."""
-    value = get(raw, dotted, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{dotted}: expected true or false, got {value!r}")
-    return value
+    """A true/false key (null: ``default``), declared ``bool``: a string such as ``"false"`` never reaches here."""
+    return get(raw, dotted, default)
 
 
 def get_section(raw: dict, dotted: str) -> dict:
