@@ -152,7 +152,8 @@ def converter_from_run_config(path: Path) -> CheckpointConverterConfig:
     """``actor.megatron.ckpt_convertor`` of a run config (default HF model: ``rollout.model.model_path``)."""
     from omegaconf import OmegaConf
 
-    from rlinf_search.config import register_resolvers
+    from rlinf_search.config import SCHEMA, register_resolvers
+    from rlinf_search.config.schema import check_keys, check_values
     from rlinf_search.recipe_loader import compose_recipe
 
     register_resolvers()
@@ -164,6 +165,9 @@ def converter_from_run_config(path: Path) -> CheckpointConverterConfig:
     if actor.get("training_backend") != "megatron":
         raise ConversionError(f"{path}: actor.training_backend is not megatron, so it has no converter settings")
     default = ((raw.get("rollout") or {}).get("model") or {}).get("model_path", "")
+    # The run's own start-up checks of the actor section, so a bad key fails here as it would there.
+    check_keys({"actor": actor}, {"actor": SCHEMA["actor"]}, "")
+    check_values({"actor": actor}, {"actor": SCHEMA["actor"]})
     return megatron_config_from_actor(actor, default_hf_model_path=default).converter
 
 

@@ -15,7 +15,8 @@ from rlinf_search.data.prompt_tokens import TRUNCATIONS
 from rlinf_search.distill.config import DistillConfig
 from rlinf_search.key_declarations import BOOL, STR, STRS, Choice, Float, Int, Key, ValueOutOfRange, field_keys, leaves
 from rlinf_search.workers.actor.config import LR_SCHED_KEYS, OptimConfig
-from rlinf_search.workers.actor.megatron.config import CORE_ATTENTIONS
+from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
+from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig, MegatronConfig
 from rlinf_search.key_declarations import check_values as _check_values
 
 log = logging.getLogger(__name__)
@@ -87,15 +88,12 @@ SCHEMA: dict[str, Any] = {
         "group_name": STR, "training_backend": STR,
         "model": {"precision": _PRECISION, "enable_gradient_checkpointing": BOOL, "use_remove_padding": BOOL,
                   "logprob_chunk_size": Int(ge=1), "attn_implementation": STR, "compile_layers": BOOL,
-                  # read by the megatron backend only (workers/actor/megatron/config.py: MODEL_KEYS)
-                  "tensor_model_parallel_size": Int(ge=1), "pipeline_model_parallel_size": Int(ge=1),
-                  "sequence_parallel": BOOL, "recompute_granularity": Choice("full", "selective"),
-                  "recompute_method": Choice("uniform", "block"), "recompute_num_layers": Int(ge=1)},
+                  # read by the megatron backend only: MegatronConfig's fields named in its MODEL_KEYS
+                  **{name: key for name, key in field_keys(MegatronConfig) if name in MEGATRON_MODEL_KEYS}},
         "fsdp_config": {"cpu_offload": BOOL},
-        "megatron": {"use_hf_ckpt": BOOL, "distributed_timeout_minutes": Int(ge=1),
-                     "core_attention": Choice(*CORE_ATTENTIONS),
-                     "ckpt_convertor": {"hf_model_path": STR, "save_path": STR, "tensor_model_parallel_size": Int(ge=1),
-                                        "pipeline_model_parallel_size": Int(ge=1)}},
+        "megatron": {"use_hf_ckpt": BOOL,
+                     **{name: key for name, key in field_keys(MegatronConfig) if name not in MEGATRON_MODEL_KEYS},
+                     "ckpt_convertor": dict(field_keys(CheckpointConverterConfig))},
         "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL, "pack_traj": BOOL,
         "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
     "reward": {"group_name": STR, "reward_type": Choice(*REWARD_TYPES), "score": STR, "reward_scale": Float(gt=0)},
