@@ -1,14 +1,18 @@
-"""What a value of each config key may be: its type and, for a number, its range, declared once per key.
+"""What a value of each config key may be: its type and, for a number, its range (or, for a string, its choices),
+declared once per key.
 
-``SCHEMA``'s leaves are ``Key`` declarations (``config/schema.py``), so the tree that lists the accepted keys also
-says what each one takes; a section read into a dataclass (``tools.search``, ``algorithm.distill.teacher``) declares
-each field's ``Key`` beside its default (``declared``), checked when the dataclass is built (``check_fields``).
-``check_values`` walks the raw config against it once at start-up, before any section is read: a value of the wrong
-type or outside its range stops the run in one line that names the key, the value and what it must be. The section
-readers then only combine keys (a limit below another, a name a registry resolves). ``tests/test_config_fuzz.py``
-walks every declaration with an out-of-range value generated from it.
+- ``SCHEMA``'s leaves are ``Key`` declarations (``config/schema.py``), so the tree that lists the accepted keys also
+  says what each one takes.
+- A section read into a dataclass declares each field's ``Key`` beside its default (``declared``), and ``SCHEMA``
+  takes those (``field_keys``) rather than writing them again: ``algorithm.distill``, the optimizer sections, the
+  Megatron keys. The open sections (``cluster``, ``tools.search``, the distillation teacher) are checked when their
+  dataclass is built (``check_fields``).
+- ``check_values`` walks the raw config against ``SCHEMA`` once at start-up, before any section is read: a value of
+  the wrong type or outside its range stops the run in one line that names the key, what it must be and the value.
+  The section readers then only convert and combine keys (a limit below another, a name a registry resolves).
 
-A number with no range is declared with the reason it needs none (``unbounded``); none does today.
+``tests/test_config_fuzz.py`` walks every declaration with values generated from it. A number with no range is
+declared with the reason it needs none (``unbounded``); none does today.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ class Key:
     """One leaf of the config tree."""
 
     kind: str
-    """``int``, ``float``, ``bool``, ``str`` or ``list`` (of strings, or one string)."""
+    """``int``, ``float``, ``bool``, ``str`` or ``list`` (of strings)."""
     low: float | None = None
     """The smallest value allowed (None: no lower bound)."""
     high: float | None = None
@@ -91,8 +95,8 @@ class Key:
                 raise ValueOutOfRange(f"{path}: unknown {value!r}; choose one of {', '.join(self.choices)}")
             return
         if self.kind == "list":
-            items = [value] if isinstance(value, str) else value
-            if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+            # A lone string is refused, not taken as a list of one: readers would iterate its characters.
+            if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
                 raise ValueOutOfRange(f"{path}: expected a list of strings, got {value!r}")
             return
         number = _as_number(path, value, integer=self.kind == "int")

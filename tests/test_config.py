@@ -306,7 +306,7 @@ def test_lr_schedule_spans_the_steps_the_run_really_takes(cfg):
     (lambda c: c.runner.logger.update({"logger_backends": ["console", "tensorbord"]}),
      "runner.logger.logger_backends: unknown ['tensorbord']"),
     (lambda c: c.runner.logger.update({"logger_backends": "console"}),
-     "runner.logger.logger_backends: expected a list of sink names"),
+     "runner.logger.logger_backends: expected a list of strings, got 'console'"),
     (lambda c: c.tools.search.update({"top_k": 5}),
      "tools.search.top_k: unknown key; tools.search takes backend, backoff_base_s"),
     (lambda c: c.runner.update({"max_tokens_per_mbs": 0}), "runner.max_tokens_per_mbs must be >= 1, got 0"),

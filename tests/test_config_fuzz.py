@@ -63,7 +63,7 @@ def out_of_range(key) -> list[float]:
 
 
 WRONG_TYPE = {"int": ["four", 2.5, True], "float": ["half", False], "bool": ["false", 1], "str": [3, ["a"]],
-              "list": [3, [1, 2]]}
+              "list": [3, [1, 2], "train.jsonl"]}
 
 
 def _refusal(path: str, value) -> str:

@@ -166,8 +166,6 @@ def _runner(raw: dict) -> RunnerConfig:
     if not output_dir:
         raise ConfigError("runner.output_dir is required")
     backends = get(raw, "runner.logger.logger_backends", RunnerConfig.logger_backends)
-    if not isinstance(backends, (list, tuple)):
-        raise ConfigError(f"runner.logger.logger_backends: expected a list of sink names, got {backends!r}")
     try:
         check_backends(backends)
     except ValueError as exc:
