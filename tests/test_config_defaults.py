@@ -24,7 +24,7 @@ from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MO
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(config_package.__file__).parent
 DOC = ROOT / "docs" / "config.md"
-READERS = {"get", "get_int", "get_float", "get_bool", "get_precision", "get_registered", "get_choice", "get_section", "data_paths"}
+READERS = {"get", "get_int", "get_float", "get_bool", "get_precision", "get_registered", "get_section", "data_paths"}
 # The eval reads some keys with its own defaults (one sample per question, the name "eval").
 EVAL_MODULES = {"eval.py"}
 
