@@ -4,7 +4,7 @@ megatron-core's local layer spec (the one that needs neither Transformer Engine 
 ``baddbmm`` into a ``[batch x heads, L, L]`` score buffer, an fp32 softmax over it and a ``bmm``: at two rows of
 4,096 tokens and Qwen2.5-3B's 16 heads that is about 4-5 GB a layer, and three kernels that each read it. PyTorch's
 SDPA computes the same attention with its fused kernels (on a GPU, the memory-efficient kernel takes the padding
-mask; no score matrix is kept), GQA without repeating the keys and values. The module takes the local module's
+mask; no score matrix is kept). The module takes the local module's
 place in the spec (``megatron/model.py``) with its constructor and call signature.
 """
 
@@ -48,7 +48,11 @@ class SdpaCoreAttention(MegatronModule):
             # fill gives it uniform weights instead), and a NaN reaches the weight gradients through 0 x NaN. It
             # attends to itself here: its output is never read, the real positions' outputs are unchanged.
             keep = keep | torch.eye(length, key.shape[0], dtype=torch.bool, device=keep.device)
+        groups = q.shape[1] // k.shape[1]
+        # Repeated rather than enable_gqa: which fused kernels take GQA together with a mask varies across torch
+        # versions, and a kernel that does not falls back to the math path (the score matrix again).
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=attention_mask is None,
-                                             dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
-                                             enable_gqa=q.shape[1] != k.shape[1])
+                                             dropout_p=self.dropout if self.training else 0.0, scale=self.scale)
         return out.permute(2, 0, 1, 3).reshape(length, batch, -1)
