@@ -169,9 +169,10 @@ def set_adam_fused(trainer, fused: bool) -> None:
         from rlinf_search.workers.actor.megatron.optimizer import fuse_torch_adam
 
         fuse_torch_adam(trainer.optimizer, fused)
-        return
-    for group in trainer.optimizer.param_groups:
-        group["fused"], group["foreach"] = (True, False) if fused else (None, None)
+    else:
+        from rlinf_search.workers.actor.policy_trainer import set_adam_kernel
+
+        set_adam_kernel(trainer.optimizer, fused)
 
 
 def gather_weights(trainer, dtype) -> None:

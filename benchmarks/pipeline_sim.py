@@ -236,7 +236,7 @@ class SimulatedTrainer:
     def offload_tensors(self):
         raise RuntimeError("the simulated trainer holds nothing to offload")
 
-    def rollout_state_dict(self, dtype=None) -> dict[str, torch.Tensor]:
+    def rollout_state_dict(self, dtype=None, on_device: bool = False) -> dict[str, torch.Tensor]:
         return {"simulated.weight": torch.zeros(1)}
 
     def export_hf(self, path, state) -> None:

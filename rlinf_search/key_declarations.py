@@ -180,7 +180,8 @@ def check_values(raw: dict, schema: dict, path: str = "") -> None:
 
 
 def declared(default: Any, key: Key) -> Any:
-    """A dataclass field with ``default`` whose value ``key`` declares: ``topk: int = declared(3, Int(ge=1))``."""
+    """A dataclass field with ``default`` (``dataclasses.MISSING``: required) whose value ``key`` declares:
+    ``topk: int = declared(3, Int(ge=1))``."""
     return field(default=default, metadata={"key": key})
 
 

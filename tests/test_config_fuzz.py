@@ -15,18 +15,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlinf_search.config import ConfigError, validate_cfg
-from rlinf_search.config.schema import SCHEMA
+from rlinf_search.config.schema import DATACLASS_SECTIONS, declarations
 from rlinf_search.distill.config import TeacherConfig
-from rlinf_search.key_declarations import field_keys, leaves
-from rlinf_search.scheduler.config import ClusterConfig
-from rlinf_search.tools.search.config import SearchToolConfig
+from rlinf_search.key_declarations import field_keys
 from tests.conftest import HOTPOT_DIR
 from tests.test_config import TINY
 
-SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig, "algorithm.distill.teacher": TeacherConfig}
-"""The open sections of ``SCHEMA`` read into dataclasses whose fields declare their ``Key``."""
-DECLARED = list(leaves(SCHEMA)) + [(f"{path}.{name}", key) for path, cls in SECTIONS.items()
-                                   for name, key in field_keys(cls)]
+DECLARED = list(declarations().items())
 
 
 def _base() -> dict:
@@ -110,7 +105,7 @@ def test_a_value_of_the_wrong_type_is_refused_in_one_line(path, key):
         assert message.startswith(path) and repr(value) in message and "\n" not in message, message
 
 
-@pytest.mark.parametrize("cls", list(SECTIONS.values()), ids=list(SECTIONS))
+@pytest.mark.parametrize("cls", list(DATACLASS_SECTIONS.values()), ids=list(DATACLASS_SECTIONS))
 def test_every_number_of_a_dataclass_section_is_declared(cls):
     undeclared = [f.name for f in fields(cls) if any(word in str(f.type).split(" | ") for word in ("int", "float"))
                   and f.name not in dict(field_keys(cls))]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_search.config.readers import get
-from rlinf_search.key_declarations import Key
 from rlinf_search.config.schema import ConfigError
+from rlinf_search.key_declarations import Key
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,14 @@ from typing import Any
 
 from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
 from rlinf_search.data.prompt_tokens import TRUNCATIONS
-from rlinf_search.distill.config import DistillConfig
+from rlinf_search.distill.config import DistillConfig, TeacherConfig
 from rlinf_search.key_declarations import BOOL, STR, STRS, Choice, Float, Int, Key, ValueOutOfRange, field_keys, leaves
+from rlinf_search.key_declarations import check_values as _check_values
+from rlinf_search.scheduler.config import ClusterConfig
+from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.actor.config import LR_SCHED_KEYS, OptimConfig
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig, MegatronConfig
-from rlinf_search.key_declarations import check_values as _check_values
 
 log = logging.getLogger(__name__)
 
@@ -101,19 +103,16 @@ SCHEMA: dict[str, Any] = {
                "model": {"model_path": STR, "precision": _PRECISION},
                "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
 }
-DATACLASS_SECTIONS = {"cluster": "rlinf_search.scheduler.config:ClusterConfig",
-                      "tools.search": "rlinf_search.tools.search.config:SearchToolConfig",
-                      "algorithm.distill.teacher": "rlinf_search.distill.config:TeacherConfig"}
+DATACLASS_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig,
+                      "algorithm.distill.teacher": TeacherConfig}
 """The open sections of ``SCHEMA`` read into dataclasses whose fields declare their ``Key`` (``declared``)."""
 
 
 def declarations() -> dict[str, Key]:
     """Every declared key by dotted path: ``SCHEMA``'s leaves and the dataclass sections' fields."""
-    from rlinf_search.plugins import import_callable
-
     out = dict(leaves(SCHEMA))
-    for path, where in DATACLASS_SECTIONS.items():
-        out.update((f"{path}.{name}", key) for name, key in field_keys(import_callable(where, kind="config section")))
+    for path, cls in DATACLASS_SECTIONS.items():
+        out.update((f"{path}.{name}", key) for name, key in field_keys(cls))
     return out
 
 

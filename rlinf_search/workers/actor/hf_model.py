@@ -27,8 +27,8 @@ def load_causal_lm(model_path: str, *, dtype: torch.dtype, attn_implementation: 
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **extra)
 
 
-def compile_decoder_layers(model: torch.nn.Module) -> int:
-    """Compile each decoder layer's ``forward`` with ``torch.compile`` in place; the number compiled.
+def compile_decoder_layers(model: torch.nn.Module) -> None:
+    """Compile each decoder layer's ``forward`` with ``torch.compile`` in place.
 
     Per layer, not the whole model: every layer runs the same code, so one compiled graph serves them all, and
     what wraps a layer stays eager: FSDP2's gather and reshard hooks and gradient checkpointing (they run around
@@ -39,7 +39,5 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
     dynamic shapes after the first."""
     from rlinf_search.workers.actor.parallel import decoder_layers
 
-    layers = decoder_layers(model)
-    for layer in layers:
+    for layer in decoder_layers(model):
         layer.forward = torch.compile(layer.forward)
-    return len(layers)

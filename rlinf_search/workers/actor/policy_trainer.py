@@ -66,6 +66,16 @@ def lr_lambda(config: OptimConfig):
     return factor
 
 
+def set_adam_kernel(adam: torch.optim.Optimizer, fused: bool) -> None:
+    """Put a torch Adam(W) on its fused kernel, or (``fused=False``) back on the default ``foreach`` path. torch reads
+    the choice from each param group at every step and makes its step counters where the fused kernel wants them
+    when it first steps, so this must run before the first step. The fused kernel runs on CUDA and on CPU."""
+    if adam.state:
+        raise RuntimeError("set_adam_kernel: the optimizer has stepped already; switch before the first step")
+    for group in adam.param_groups:
+        group["fused"], group["foreach"] = (True, False) if fused else (None, None)
+
+
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each decoder layer's activations in backward instead of keeping them (HF models)."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

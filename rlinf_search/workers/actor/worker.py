@@ -107,9 +107,7 @@ class ActorWorker(Worker):
         dtype = None if self.config.sync_dtype is None else getattr(torch, self.config.sync_dtype)
         on_host = self.trainer.serves_weights_from_host  # nothing on the device to bring back
         with contextlib.nullcontext() if on_host else self.offloader.on_device("weights"):
-            # Only asked of trainers when wanted: a trainer of another make (the pipeline benchmark's) may not take it.
-            return self.trainer.rollout_state_dict(dtype, on_device=True) if on_device else \
-                self.trainer.rollout_state_dict(dtype)
+            return self.trainer.rollout_state_dict(dtype, on_device=on_device)
 
     def save(self, ckpt_dir: str, state: RunnerState, begun: bool = False) -> str | None:
         """Every rank gathers the weights (and, with ``fsdp``, writes its optimizer shard into the staged

@@ -6,7 +6,7 @@ recipe can be checked anywhere; whether the backend can run is checked when the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass
 from typing import Any
 
 from rlinf_search.key_declarations import BOOL, STR, Choice, Int, declared
@@ -23,7 +23,7 @@ CORE_ATTENTIONS = ("local", "sdpa")
 class CheckpointConverterConfig:
     """``actor.megatron.ckpt_convertor``: what ``toolkits/convert_megatron_to_hf.py --config`` reads."""
 
-    hf_model_path: str = field(metadata={"key": STR})
+    hf_model_path: str = declared(MISSING, STR)
     """HF model directory whose ``config.json`` describes the architecture and whose tokenizer is
     copied next to the converted weights (default: ``rollout.model.model_path``)."""
     save_path: str | None = declared(None, STR)

@@ -34,6 +34,7 @@ from megatron.core.optimizer import (
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
 from rlinf_search.workers.actor.config import OptimConfig
+from rlinf_search.workers.actor.policy_trainer import set_adam_kernel
 
 
 class MegatronDataParallel:
@@ -69,22 +70,13 @@ def build_distributed_optimizer(model: DistributedDataParallel, optim: OptimConf
     return optimizer
 
 
-def fuse_torch_adam(optimizer: MegatronOptimizer, fused: bool = True) -> int:
+def fuse_torch_adam(optimizer: MegatronOptimizer, fused: bool = True) -> None:
     """Run the torch Adam(W) inside megatron-core's optimizer with its fused kernel (or, ``fused=False``, the
-    ``foreach`` one megatron-core leaves it with; the benchmark compares the two); how many were switched. torch
-    reads the choice from each param group at every step, and makes its step counters where the fused kernel wants
-    them when it first steps, so this must run before the first step. Fused Adam runs on CUDA and on CPU."""
-    switched = 0
+    ``foreach`` one megatron-core leaves it with; the benchmark compares the two), before its first step."""
     for inner in _chained(optimizer):
         adam = getattr(inner, "optimizer", None)
-        if not isinstance(adam, (torch.optim.Adam, torch.optim.AdamW)):
-            continue  # Transformer Engine's or Apex's FusedAdam: fused already
-        if adam.state:
-            raise RuntimeError("fuse_torch_adam: the optimizer has stepped already; switch before the first step")
-        for group in adam.param_groups:
-            group["fused"], group["foreach"] = (True, False) if fused else (None, None)
-        switched += 1
-    return switched
+        if isinstance(adam, (torch.optim.Adam, torch.optim.AdamW)):  # else TE's or Apex's FusedAdam: fused already
+            set_adam_kernel(adam, fused)
 
 
 def step_if_finite(optimizer: MegatronOptimizer) -> float:
