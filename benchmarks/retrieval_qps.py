@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -69,6 +68,9 @@ class CellResult:
     """99th percentile request latency seen by the client, milliseconds."""
     mean_batch_size: float
     """Queries per encoder call on the server during this cell (from ``GET /metrics``)."""
+    search_busy: float
+    """Share of the cell's wall time the server's batch threads spent searching (summed over threads, so up to the
+    number of batch threads): below 1 with one batch thread, the encoder waited on HTTP and batching."""
     other_cores: float
     """CPU used by processes other than this benchmark and its server during the cell, in cores;
     the machine is shared, and anything above ~0.1 here means the cell was measured under contention."""
@@ -131,11 +133,12 @@ def load_questions(path: Path) -> list[str]:
         return [json.loads(line)["question"] for line in handle if line.strip()]
 
 
-def _batch_totals(base_url: str) -> tuple[int, int]:
-    """(batches, queries batched) so far, from the server's batch-size histogram."""
+def _batch_totals(base_url: str) -> tuple[int, int, float]:
+    """(batches, queries batched, seconds spent searching) so far, from the server's ``GET /metrics``."""
     snapshot = httpx.get(f"{base_url}/metrics", timeout=10.0).json()
     histogram = snapshot["batch_size_histogram"]
-    return snapshot["batches"], sum(int(size) * count for size, count in histogram.items())
+    queries = sum(int(size) * count for size, count in histogram.items())
+    return snapshot["batches"], queries, snapshot.get("search_busy_s", 0.0)
 
 
 class CpuAccount:
@@ -198,13 +201,13 @@ def _measure_once(base_url: str, queries: list[str], *, mode: str, clients: int,
     asyncio.run(drive_load(base_url, queries, clients=clients, seconds=args.warmup_seconds,
                            topk=args.topk, seed=args.seed + 99, client=args.client))
     # /metrics is cumulative, so the cell's mean batch size comes from the difference.
-    batches_before, queries_before = _batch_totals(base_url)
+    batches_before, queries_before, busy_before = _batch_totals(base_url)
     account = CpuAccount(own_pids)
     latencies, errors, wall = asyncio.run(drive_load(base_url, queries, clients=clients, seconds=args.seconds,
                                                      topk=args.topk, seed=args.seed, client=args.client))
     other_cores = account.other_cores()
     server_cores, client_cores = account.cores_of(0), account.cores_of(1)
-    batches_after, queries_after = _batch_totals(base_url)
+    batches_after, queries_after, busy_after = _batch_totals(base_url)
     batches = batches_after - batches_before
     lat_ms = np.asarray(latencies) * 1000.0
     return CellResult(
@@ -213,6 +216,7 @@ def _measure_once(base_url: str, queries: list[str], *, mode: str, clients: int,
         p50_ms=round(float(np.percentile(lat_ms, 50)), 2) if lat_ms.size else float("nan"),
         p99_ms=round(float(np.percentile(lat_ms, 99)), 2) if lat_ms.size else float("nan"),
         mean_batch_size=round((queries_after - queries_before) / batches, 2) if batches else 0.0,
+        search_busy=round((busy_after - busy_before) / wall, 3),
         other_cores=round(other_cores, 2), server_cores=round(server_cores, 2), client_cores=round(client_cores, 2),
     )
 
@@ -264,7 +268,7 @@ def print_table(results: list[CellResult], levels: list[int], ceilings: list[dic
               f"measured before and after the cells: {measured}); one batch at a time: {one:.1f}")
     header = (f"{'clients':>7} | {'batching qps':>12} | {'of ceiling':>10} | {'of 1-batch':>10} | "
               f"{'no-batch qps':>12} | {'ratio':>6} | "
-              f"{'batching p50/p99 ms':>19} | {'no-batch p50/p99 ms':>19} | {'mean batch':>10} | "
+              f"{'batching p50/p99 ms':>19} | {'no-batch p50/p99 ms':>19} | {'mean batch':>10} | {'busy':>5} | "
               f"{'server/client cores':>19} | {'other load':>10}")
     print(header)
     print("-" * len(header))
@@ -277,8 +281,10 @@ def print_table(results: list[CellResult], levels: list[int], ceilings: list[dic
               f"{off.qps if off else '-':>12} | "
               f"{ratio:>6} | "
               f"{_p50_p99(on):>19} | {_p50_p99(off):>19} | {on.mean_batch_size if on else '-':>10} | "
+              f"{f'{on.search_busy:.0%}' if on else '-':>5} | "
               f"{_cores(on):>19} | {_other_load(on, off):>10}")
-    print("server/client cores: CPU of the batching server and of the load generator during the cell; other load: "
+    print("busy: share of the cell the batching server's encoder spent searching; "
+          "server/client cores: CPU of the batching server and of the load generator during the cell; other load: "
           "cores used by other processes on the machine (batching / no-batch)")
     errors = sum(r.errors for r in results)
     if errors:

@@ -3,7 +3,8 @@
 Query encoding dominates retrieval cost, and on a GPU an encoder forward pass over 32 queries costs
 far less than 32 passes over one (on a 2-core CPU the encoder alone gains about 1.5x; see
 docs/benchmarks.md). Requests wait in a queue; the collector takes everything queued (waiting a short
-window for stragglers when the last batch served several requests, up to a maximum batch), searches
+window for stragglers when the last batch served several requests, until as many as it served are back,
+up to a maximum batch), searches
 once in a batch thread and hands each request its rows. While a batch computes, the next one fills
 up, so under load batches grow with no added wait, and a lone client pays no window.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -36,6 +38,9 @@ class _Pending:
     topk: int
     future: asyncio.Future = field(repr=False)
 
+
+RECENT_BATCHES = 8
+"""Batches whose request counts set when a collection is full enough to stop waiting for stragglers."""
 
 MIN_PART = 8
 """Fewest queries a collected batch is split into a part of, one part per free batch thread."""
@@ -67,6 +72,7 @@ class DynamicBatcher:
         self._batches: set[asyncio.Task] = set()
         self._worker: asyncio.Task | None = None
         self._last_batch_requests = 0
+        self._recent_batch_requests: deque[int] = deque(maxlen=RECENT_BATCHES)
 
     def start(self) -> None:
         self._worker = asyncio.get_running_loop().create_task(self._run())
@@ -95,7 +101,10 @@ class DynamicBatcher:
         window_s = self._window_s if self._last_batch_requests > 1 else 0.0
         deadline = time.perf_counter() + window_s
         while size < self._max_batch:
-            remaining = deadline - time.perf_counter()
+            # Closed-loop clients come back together: once as many requests are here as the largest recent batch
+            # served, the rest of the window is the encoder idling, so take what is queued and go. (The largest, not
+            # the last: a batch that missed a few stragglers would otherwise split the clients in two for good.)
+            remaining = 0.0 if len(batch) >= self._full_batch_requests() else deadline - time.perf_counter()
             try:
                 item = self._queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(
                     self._queue.get(), remaining)
@@ -104,6 +113,9 @@ class DynamicBatcher:
             batch.append(item)
             size += len(item.queries)
         return batch
+
+    def _full_batch_requests(self) -> int:
+        return max(self._recent_batch_requests, default=0)
 
     async def _run(self) -> None:
         while True:
@@ -114,6 +126,7 @@ class DynamicBatcher:
                 self._slots.release()
                 raise
             self._last_batch_requests = len(batch)
+            self._recent_batch_requests.append(len(batch))
             # Closed-loop clients come back together, so one collection holds all of them: split it over every
             # free batch thread (each part at least MIN_PART queries), or the other threads would stay idle.
             parts = 1
@@ -141,7 +154,7 @@ class DynamicBatcher:
             loop = asyncio.get_running_loop()
             try:
                 rows, scores = await loop.run_in_executor(self._executors[executor], _search_on, threads,
-                                                          self._search, queries, topk)
+                                                          self._search, queries, topk, self._metrics)
             except Exception as exc:  # noqa: BLE001 - the failure belongs to the waiting requests
                 for item in batch:
                     if not item.future.done():
@@ -171,14 +184,19 @@ def _split(batch: list[_Pending], parts: int) -> list[list[_Pending]]:
     return [part for part in out if part]
 
 
-def _search_on(threads: int | None, search: SearchFn, queries: list[str], topk: int):
-    """``search`` in a batch thread with ``threads`` intra-op threads (OpenMP's count is per calling thread)."""
+def _search_on(threads: int | None, search: SearchFn, queries: list[str], topk: int, metrics: ServerMetrics):
+    """``search`` in a batch thread with ``threads`` intra-op threads (OpenMP's count is per calling thread), its
+    time recorded."""
     if threads is not None:
         import torch
 
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-    return search(queries, topk)
+    started = time.perf_counter()
+    try:
+        return search(queries, topk)
+    finally:
+        metrics.record_search_time(time.perf_counter() - started)
 
 
 class PerRequestSearch:
@@ -197,4 +215,4 @@ class PerRequestSearch:
 
     async def search(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         self._metrics.record_batch(len(queries))
-        return await anyio.to_thread.run_sync(self._search, queries, topk)
+        return await anyio.to_thread.run_sync(_search_on, None, self._search, queries, topk, self._metrics)

@@ -24,6 +24,9 @@ class ServerMetrics:
         self.server_errors = 0
         self.batches = 0
         self.batch_sizes: Counter[int] = Counter()
+        self.search_busy_s = 0.0
+        """Seconds batch threads spent searching, summed over threads: against wall time, how much of the server's
+        life the encoder computed (the rest is HTTP, batching and idle time)."""
         self._latencies_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
 
     def record_request(self, num_queries: int, latency_s: float) -> None:
@@ -36,6 +39,10 @@ class ServerMetrics:
         with self._lock:
             self.batches += 1
             self.batch_sizes[num_queries] += 1
+
+    def record_search_time(self, seconds: float) -> None:
+        with self._lock:
+            self.search_busy_s += seconds
 
     def record_error(self, status: int) -> None:
         with self._lock:
@@ -58,6 +65,7 @@ class ServerMetrics:
                 "batches": self.batches,
                 "mean_batch_size": round(total_batched / self.batches, 3) if self.batches else 0.0,
                 "batch_size_histogram": {str(k): v for k, v in sizes.items()},
+                "search_busy_s": round(self.search_busy_s, 6),
             }
         for q in (50, 90, 99):
             value = float(np.percentile(latencies, q)) if latencies.size else 0.0
