@@ -18,8 +18,10 @@ declared with the reason it needs none (``unbounded``); none does today.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class ValueOutOfRange(ValueError):
@@ -150,9 +152,20 @@ def Choice(*options: str) -> Key:
     return Key("str", choices=tuple(options))
 
 
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float32": "float32",
+              "bfloat16": "bfloat16", "float16": "float16"}
+"""Precision spellings to torch dtype names."""
+
+
+def dtype_name(precision: str) -> str:
+    """A precision spelling (``bf16``) as its torch dtype name (``bfloat16``)."""
+    return PRECISIONS[precision]
+
+
 BOOL = Key("bool")
 STR = Key("str")
 STRS = Key("list")
+PRECISION = Choice(*PRECISIONS)
 
 
 def leaves(schema: Any, prefix: str = ""):
@@ -179,19 +192,56 @@ def check_values(raw: dict, schema: dict, path: str = "") -> None:
             check_values(value, node, where)
 
 
-def declared(default: Any, key: Key) -> Any:
+def declared(default: Any, key: Key, *, at: str | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
     """A dataclass field with ``default`` (``dataclasses.MISSING``: required) whose value ``key`` declares:
-    ``topk: int = declared(3, Int(ge=1))``."""
-    return field(default=default, metadata={"key": key})
+    ``topk: int = declared(3, Int(ge=1))``. ``at``: the config key it reads, relative to its section, where that is
+    not the field's name (``at="model.precision"``); ``convert``: turns the key's value into the field's
+    (a precision spelling into a torch dtype name)."""
+    return field(default=default, metadata={"key": key, "at": at, "convert": convert})
 
 
 def field_keys(cls) -> list[tuple[str, Key]]:
-    """(field name, ``Key``) of every declared field of the dataclass ``cls``."""
-    return [(f.name, f.metadata["key"]) for f in fields(cls) if "key" in f.metadata]
+    """(config key, ``Key``) of every declared field of the dataclass ``cls``: the field's ``at``, else its name."""
+    return [(f.metadata.get("at") or f.name, f.metadata["key"]) for f in fields(cls) if "key" in f.metadata]
+
+
+def section_tree(cls) -> dict[str, Any]:
+    """``cls``'s declared fields as a ``SCHEMA`` section: ``at`` paths (``model.precision``) become nested sections."""
+    tree: dict[str, Any] = {}
+    for path, key in field_keys(cls):
+        *parents, name = path.split(".")
+        node = tree
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = key
+    return tree
+
+
+def from_section(cls: type[T], section: dict | None, *, path: str, **given: Any) -> T:
+    """``cls`` built from the config ``section`` at ``path`` that its declared fields read (values checked by
+    ``check_values`` before this runs; null or absent: the field's default, and a ``ValueError`` naming the key for a
+    required one), with ``given`` for the fields computed from other keys."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if "key" not in f.metadata or f.name in given:
+            continue
+        value: Any = section or {}
+        for part in (f.metadata.get("at") or f.name).split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"{path}.{f.metadata.get('at') or f.name} is required")
+            continue
+        kind, convert = f.metadata["key"].kind, f.metadata.get("convert")
+        value = int(value) if kind == "int" else float(value) if kind == "float" else value
+        values[f.name] = convert(value) if convert else value
+    return cls(**values, **given)
 
 
 def check_fields(obj: Any, path: str) -> None:
     """Check every declared field of the dataclass instance ``obj`` (the section at config path ``path``); raise
-    ``ValueOutOfRange`` naming ``path.field`` for the first that does not fit."""
-    for name, key in field_keys(type(obj)):
-        key.check(f"{path}.{name}", getattr(obj, name))
+    ``ValueOutOfRange`` naming ``path.field`` for the first that does not fit. A field with ``convert`` holds a
+    converted value, which its key does not describe: it is checked in the config, not here."""
+    for f in fields(type(obj)):
+        if "key" in f.metadata and f.metadata.get("convert") is None:
+            f.metadata["key"].check(f"{path}.{f.metadata.get('at') or f.name}", getattr(obj, f.name))

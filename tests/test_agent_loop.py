@@ -109,7 +109,7 @@ def test_observation_and_response_limits(tokenizer, inprocess_tool_config):
     traj = asyncio.run(SearchR1AgentLoop(ScriptedEngine(tokenizer, long_turns), build_search_tool(inprocess_tool_config),
                                          tokenizer, capped).run(_records(1)[0]))
     assert len(traj.response_ids) <= 120 and traj.finish_reason == "max_response_tokens"
-    with pytest.raises(ValueError, match="max_obs_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="agentloop.max_tool_response_length must be >= 1"):
         AgentLoopConfig(max_obs_tokens=0)
 
 

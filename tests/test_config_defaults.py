@@ -3,12 +3,14 @@
 The test walks the reader calls of ``rlinf_search/config/`` (``get_int(raw, "runner.max_steps",
 RunnerConfig.max_steps)``) and fails on a literal default (a second copy of the value), on one key read
 with two different defaults in the same kind of run, on a read of a key the schema does not accept, and
-on a schema key nothing reads. It then checks docs/config.md's default column against the same values.
+on a schema key nothing reads. Sections read whole into a view (``schema.VIEW_SECTIONS``) are read by their
+fields' declarations, defaults included. It then checks docs/config.md's default column against the same values.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -18,7 +20,8 @@ import yaml
 import rlinf_search.config as config_package
 from rlinf_search.config.eval import EVAL_SCHEMA
 from rlinf_search.config.readers import PRECISIONS
-from rlinf_search.config.schema import SCHEMA
+from rlinf_search.config.schema import SCHEMA, VIEW_SECTIONS
+from rlinf_search.key_declarations import field_keys
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +102,8 @@ def _leaves(schema: dict, prefix: str = "") -> list[str]:
 
 
 READS = _reads()
+VIEW_KEYS = {f"{section}.{path}": cls for section, cls in VIEW_SECTIONS.items() for path, _ in field_keys(cls)}
+"""The keys the view sections' fields declare, each read by ``from_section``."""
 
 
 def test_the_walk_finds_the_readers():
@@ -145,7 +150,7 @@ def test_every_schema_key_is_read():
         declared = _schema_node(SCHEMA, key)
         if len(getattr(declared, "choices", ())) == 1:
             return True
-        return (key in read_keys or key in megatron or key.startswith("actor.megatron.")
+        return (key in read_keys or key in VIEW_KEYS or key in megatron or key.startswith("actor.megatron.")
                 or any(".".join(parts[:n]) in whole for n in range(1, len(parts))))
 
     unread = [key for key in _leaves(SCHEMA) if _schema_node(SCHEMA, key) != "*" and not covered(key)]
@@ -168,6 +173,10 @@ def _default_values() -> dict[str, object]:
             continue  # not a field of a view class: a value computed from other keys
         values[read.key] = eval(compile(ast.Expression(read.default), read.where, "eval"),  # noqa: S307
                                 dict(namespaces[read.module]))
+    for section, cls in VIEW_SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if "key" in f.metadata and f.default is not dataclasses.MISSING:
+                values[f"{section}.{f.metadata.get('at') or f.name}"] = f.default
     return values
 
 

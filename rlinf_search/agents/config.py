@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptTokenizer
+from rlinf_search.key_declarations import BOOL, Int, check_fields, declared
 from rlinf_search.tools.search.config import SearchToolConfig
 
 
@@ -24,21 +25,22 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class AgentLoopConfig:
-    """Limits and options of an agent loop, whatever its protocol (``agentloop``, sampling and token budgets)."""
+    """Limits and options of an agent loop, whatever its protocol (``agentloop``, sampling and token budgets). The
+    fields read from ``agentloop`` declare their key (``declared``); the others are computed from other sections."""
 
-    max_turns: int = 2
+    max_turns: int = declared(2, Int(ge=0))
     """Tool turns (searches and corrective observations) before the final generation without search."""
     max_tokens_per_turn: int = 500
     """Most tokens generated in one turn."""
-    max_obs_tokens: int = 500
+    max_obs_tokens: int = declared(500, Int(ge=1), at="max_tool_response_length")
     """Most tokens in one observation; longer ones are cut, keeping the closing tag."""
-    max_passage_tokens: int = 150
+    max_passage_tokens: int = declared(150, Int(ge=1))
     """Each retrieved passage is cut to this many tokens before formatting."""
     max_response_tokens: int = 2048
     """Most tokens after the prompt (model and observation tokens together)."""
     topk: int = SearchToolConfig.topk
     """Passages per search."""
-    retokenize: bool = False
+    retokenize: bool = declared(False, BOOL)
     """Reproduce the reference implementations: decode each turn, cut at the stop tag and re-encode
     it. The ids can then differ from the sampled ones and the engine's log-probs no longer apply."""
     apply_chat_template: bool = True
@@ -63,12 +65,10 @@ class AgentLoopConfig:
     """``toolcall``: the tools offered beside ``search`` (``tools.access``...)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens_per_turn", "max_obs_tokens", "max_passage_tokens", "max_response_tokens",
-                     "topk", "max_concurrent_trajectories"):
+        check_fields(self, "agentloop")
+        for name in ("max_tokens_per_turn", "max_response_tokens", "topk", "max_concurrent_trajectories"):
             if getattr(self, name) < 1:
                 raise ValueError(f"agent loop: {name} must be >= 1, got {getattr(self, name)}")
-        if self.max_turns < 0:
-            raise ValueError(f"agent loop: max_turns must be >= 0, got {self.max_turns}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"agent loop: max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         PromptTokenizer.check_truncation(self.truncation)

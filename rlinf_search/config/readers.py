@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlinf_search.config.schema import PRECISIONS, ConfigError
+from rlinf_search.config.schema import ConfigError
+from rlinf_search.key_declarations import PRECISIONS
 
 if TYPE_CHECKING:
     from rlinf_search.registry import Registry

@@ -10,16 +10,32 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
-from rlinf_search.data.prompt_tokens import TRUNCATIONS
+from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.distill.config import DistillConfig, TeacherConfig
-from rlinf_search.key_declarations import BOOL, STR, STRS, Choice, Float, Int, Key, ValueOutOfRange, field_keys, leaves
+from rlinf_search.key_declarations import (
+    BOOL,
+    PRECISION,
+    STR,
+    STRS,
+    Choice,
+    Float,
+    Int,
+    Key,
+    ValueOutOfRange,
+    field_keys,
+    leaves,
+    section_tree,
+)
 from rlinf_search.key_declarations import check_values as _check_values
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.actor.config import LR_SCHED_KEYS, OptimConfig
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig, MegatronConfig
+from rlinf_search.workers.reward.config import RewardConfig
+from rlinf_search.workers.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +63,6 @@ PIPELINES = ("sync", "overlap", "stream", "async")
 """``runner.pipeline``: how a step's rollout and update overlap (``config/pipeline.py``)."""
 REWARD_TYPES = ("searchr1",)
 """``reward.reward_type``: the one reward family (``reward.score`` picks the variant)."""
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float32": "float32",
-              "bfloat16": "bfloat16", "float16": "float16"}
-"""Precision spellings to torch dtype names."""
-_PRECISION = Choice(*PRECISIONS)
 SCHEMA: dict[str, Any] = {
     "hydra": "*",
     "cluster": "*",  # checked by ClusterConfig.from_dict
@@ -74,21 +86,17 @@ SCHEMA: dict[str, Any] = {
         # DistillConfig's declared fields; top_k_divergence is the actor loss's (PolicyLossConfig)
         "distill": {"enable": BOOL, **dict(field_keys(DistillConfig)), "top_k_divergence": Choice(*TOP_K_DIVERGENCES),
                     "teacher": "*"}},  # checked by TeacherConfig.from_dict
-    "agentloop": {"max_turns": Int(ge=0), "max_tool_response_length": Int(ge=1), "max_passage_tokens": Int(ge=1),
-                  "retokenize": BOOL, "num_workers": Int(ge=0)},
+    "agentloop": {**section_tree(AgentLoopConfig), "num_workers": Int(ge=0)},
     "agent": {"protocol": STR},
     # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
     "tools": "*",
-    "rollout": {"group_name": STR, "rollout_backend": STR, "max_running_requests": Int(ge=1),
-                "gpu_memory_utilization": Float(gt=0, le=1), "tensor_parallel_size": Int(ge=1), "seeded": BOOL,
-                "model": {"model_path": STR, "precision": _PRECISION}},
+    "rollout": {"group_name": STR, **section_tree(RolloutConfig)},
     "inference": {"group_name": STR, "load_from_actor": BOOL},
-    "data": {"max_prompt_length": Int(ge=1, relation="< runner.seq_length"), "filter_overlong_prompts": BOOL,
-             "truncation": Choice(*TRUNCATIONS), "rollout_batch_size": Int(ge=1), "apply_chat_template": BOOL,
-             "shuffle": BOOL, "seed": Int(ge=0), "train_data_paths": STRS, "val_data_paths": STRS},
+    "data": {**section_tree(PromptLimit), "rollout_batch_size": Int(ge=1), "shuffle": BOOL, "seed": Int(ge=0),
+             "train_data_paths": STRS, "val_data_paths": STRS},
     "actor": {
         "group_name": STR, "training_backend": STR,
-        "model": {"precision": _PRECISION, "enable_gradient_checkpointing": BOOL, "use_remove_padding": BOOL,
+        "model": {"precision": PRECISION, "enable_gradient_checkpointing": BOOL, "use_remove_padding": BOOL,
                   "logprob_chunk_size": Int(ge=1), "attn_implementation": STR, "compile_layers": BOOL,
                   # read by the megatron backend only: MegatronConfig's fields named in its MODEL_KEYS
                   **{name: key for name, key in field_keys(MegatronConfig) if name in MEGATRON_MODEL_KEYS}},
@@ -98,11 +106,14 @@ SCHEMA: dict[str, Any] = {
                      "ckpt_convertor": dict(field_keys(CheckpointConverterConfig))},
         "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL, "pack_traj": BOOL,
         "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
-    "reward": {"group_name": STR, "reward_type": Choice(*REWARD_TYPES), "score": STR, "reward_scale": Float(gt=0)},
+    "reward": {"group_name": STR, "reward_type": Choice(*REWARD_TYPES), **section_tree(RewardConfig)},
     "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0, relation="< the run's steps"),
-               "model": {"model_path": STR, "precision": _PRECISION},
+               "model": {"model_path": STR, "precision": PRECISION},
                "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
 }
+VIEW_SECTIONS = {"rollout": RolloutConfig, "reward": RewardConfig, "agentloop": AgentLoopConfig, "data": PromptLimit}
+"""Sections read into the typed view a worker is handed (``from_section``): each field declares the key it reads, its
+default and its range, and ``SCHEMA`` takes them from there (``agentloop.num_workers`` sizes the group, and ``data``'s other keys are the data loader's)."""
 DATACLASS_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig,
                       "algorithm.distill.teacher": TeacherConfig}
 """The open sections of ``SCHEMA`` read into dataclasses whose fields declare their ``Key`` (``declared``)."""

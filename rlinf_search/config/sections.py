@@ -21,13 +21,13 @@ from rlinf_search.config.readers import (
     get_bool,
     get_float,
     get_int,
-    get_precision,
     get_registered,
 )
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.config.tools import extra_tools
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptLimit
+from rlinf_search.key_declarations import from_section
 from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement, Topology, validate_placement
@@ -70,18 +70,8 @@ def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> R
     if backend == "vllm" and not recompute and (sampling.top_k > 0 or sampling.top_p < 1):
         raise ConfigError("algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend vllm: "
                           "vLLM's log-probs are of the top-k/top-p filtered distribution, the trainer's are not")
-    model_path = get(raw, "rollout.model.model_path")
-    if not model_path:
-        raise ConfigError("rollout.model.model_path is required")
     try:
-        return RolloutConfig(
-            backend=backend, model_path=str(model_path),
-            dtype=get_precision(raw, "rollout.model.precision", None) or RolloutConfig.dtype,
-            max_running_requests=get_int(raw, "rollout.max_running_requests", RolloutConfig.max_running_requests),
-            gpu_memory_utilization=get_float(raw, "rollout.gpu_memory_utilization",
-                                             RolloutConfig.gpu_memory_utilization),
-            tensor_parallel_size=get_int(raw, "rollout.tensor_parallel_size", RolloutConfig.tensor_parallel_size),
-            seeded=get_bool(raw, "rollout.seeded", RolloutConfig.seeded))
+        return from_section(RolloutConfig, get(raw, "rollout", {}), path="rollout")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -89,13 +79,11 @@ def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> R
 def prompt_limit(raw: dict, *, seq_length: int) -> PromptLimit:
     """``data.max_prompt_length`` (below ``runner.seq_length``), ``data.filter_overlong_prompts`` and
     ``data.truncation``: verl's keys, with the same meaning."""
-    max_prompt = get_int(raw, "data.max_prompt_length", PromptLimit.max_prompt_tokens)
-    if max_prompt >= seq_length:
-        raise ConfigError(f"data.max_prompt_length ({max_prompt}) must be < runner.seq_length ({seq_length})")
-    truncation = get(raw, "data.truncation", PromptLimit.truncation)
-    return PromptLimit(max_prompt_tokens=max_prompt, truncation=truncation,
-                       filter_overlong=get_bool(raw, "data.filter_overlong_prompts", PromptLimit.filter_overlong),
-                       apply_chat_template=get_bool(raw, "data.apply_chat_template", PromptLimit.apply_chat_template))
+    limit = from_section(PromptLimit, get(raw, "data", {}), path="data")
+    if limit.max_prompt_tokens >= seq_length:
+        raise ConfigError(f"data.max_prompt_length ({limit.max_prompt_tokens}) must be < runner.seq_length "
+                          f"({seq_length})")
+    return limit
 
 
 def retokenize(raw: dict) -> bool:
@@ -124,12 +112,9 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
         raise ConfigError("agent.protocol: toolcall renders the tool schema through the chat template; it needs "
                           "data.apply_chat_template: true")
     try:
-        return search, AgentLoopConfig(
-            max_turns=get_int(raw, "agentloop.max_turns", AgentLoopConfig.max_turns),
-            max_tokens_per_turn=sampling.max_new_tokens,
-            max_obs_tokens=get_int(raw, "agentloop.max_tool_response_length", AgentLoopConfig.max_obs_tokens),
-            max_passage_tokens=get_int(raw, "agentloop.max_passage_tokens", AgentLoopConfig.max_passage_tokens),
-            max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk, retokenize=retokenize(raw),
+        return search, from_section(
+            AgentLoopConfig, get(raw, "agentloop", {}), path="agentloop", max_tokens_per_turn=sampling.max_new_tokens,
+            max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk,
             apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
             truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema,
             tools=extra_tools(raw, protocol=protocol, search_addr=search.server_addrs[0], listed=listed,
@@ -198,6 +183,7 @@ def data_paths(raw: dict, key: str, *, required: bool) -> tuple[str, ...]:
 
 
 def reward_config(raw: dict) -> RewardConfig:
-    """``reward.score`` and ``reward.reward_scale`` (``reward.reward_type``, the one reward family, is declared)."""
-    return RewardConfig(score=get_registered(raw, "reward.score", RewardConfig.score, REWARDS),
-                        scale=get_float(raw, "reward.reward_scale", RewardConfig.scale))
+    """``reward``: the score, checked to resolve, and its scale (``reward.reward_type``, the one reward family, is
+    declared)."""
+    get_registered(raw, "reward.score", RewardConfig.score, REWARDS)
+    return from_section(RewardConfig, get(raw, "reward", {}), path="reward")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlinf_search.data.io_struct import QARecord
+from rlinf_search.key_declarations import BOOL, Choice, Int, check_fields, declared
 
 TRUNCATIONS = ("error", "left", "right")
 
@@ -19,22 +20,20 @@ TRUNCATIONS = ("error", "left", "right")
 class PromptLimit:
     """How the run treats prompts over ``data.max_prompt_length``."""
 
-    max_prompt_tokens: int = 1024
+    max_prompt_tokens: int = declared(1024, Int(ge=1, relation="< runner.seq_length"), at="max_prompt_length")
     """``data.max_prompt_length``."""
-    filter_overlong: bool = False
+    filter_overlong: bool = declared(False, BOOL, at="filter_overlong_prompts")
     """``data.filter_overlong_prompts``: drop overlong prompts at start-up (the count is logged)."""
-    truncation: str = "error"
+    truncation: str = declared("error", Choice(*TRUNCATIONS))
     """``data.truncation``: what the agent loop does with an overlong prompt that was not dropped."""
-    apply_chat_template: bool = True
+    apply_chat_template: bool = declared(True, BOOL)
     """``data.apply_chat_template``: how chat prompts are tokenized (as the agent loop does)."""
     tools: tuple[dict, ...] | None = None
     """Tool schemas the chat template renders into every prompt (``agent.protocol: toolcall``), so the limit
     measures what the engine is given; None: no tools."""
 
     def __post_init__(self) -> None:
-        if self.max_prompt_tokens < 1:
-            raise ValueError(f"data.max_prompt_length must be >= 1, got {self.max_prompt_tokens}")
-        PromptTokenizer.check_truncation(self.truncation)
+        check_fields(self, "data")
 
 
 class PromptTooLong(ValueError):

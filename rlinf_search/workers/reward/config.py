@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlinf_search.key_declarations import STR, Float, declared
+
 
 @dataclass(frozen=True)
 class RewardConfig:
     """What the RewardGroup grades trajectories with."""
 
-    score: str = "em"
+    score: str = declared("em", STR)
     """``reward.score``: a registered reward (``em``, ``subem``, ``f1``, ``format_em``) or a dotted path
     to ``fn(solution_str, golden_answers, **kwargs) -> float``."""
-    scale: float = 1.0
+    scale: float = declared(1.0, Float(gt=0), at="reward_scale")
     """``reward.reward_scale``: multiplier of the score."""

@@ -1,31 +1,36 @@
-"""``RolloutConfig``: the typed view of the ``rollout`` section (which engine, which weights, how much memory)."""
+"""``RolloutConfig``: the typed view of the ``rollout`` section (which engine, which weights, how much memory).
+
+Each field declares the key it reads (``declared``): its type, range and default are written here once, and
+``SCHEMA``'s ``rollout`` section is made from them (``section_tree``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
+
+from rlinf_search.key_declarations import BOOL, PRECISION, STR, Float, Int, check_fields, declared, dtype_name
 
 # Keys of ``rollout`` that only the vLLM engine reads; with another backend they would do nothing.
 VLLM_ONLY_KEYS = ("gpu_memory_utilization",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """How the rollout engine is built; every field is read by an engine factory."""
 
-    backend: str = "hf"
+    backend: str = declared("hf", STR, at="rollout_backend")
     """``rollout.rollout_backend``: ``hf`` (the CPU default), ``vllm``, or a dotted path to a factory."""
-    model_path: str = ""
+    model_path: str = declared(MISSING, STR, at="model.model_path")
     """``rollout.model.model_path``: a Hugging Face model directory (the starting policy)."""
-    dtype: str = "auto"
+    dtype: str = declared("auto", PRECISION, at="model.precision", convert=dtype_name)
     """``rollout.model.precision`` as a torch dtype name; ``auto``: bf16 on GPU, fp32 on CPU."""
-    max_running_requests: int = 64
+    max_running_requests: int = declared(64, Int(ge=1))
     """Most sequences an engine decodes at once (vLLM's ``max_num_seqs``)."""
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = declared(0.5, Float(gt=0, le=1))
     """vLLM only: share of the device's memory vLLM takes for weights and KV cache. Collocated with an
     FSDP actor, leave the rest to the actor; on CPU it is the share of RAM, and about 0.3 suits a laptop."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = declared(1, Int(ge=1))
     """Devices one engine spans. Each rollout rank drives exactly one device in this build, so 1."""
-    seeded: bool = True
+    seeded: bool = declared(True, BOOL)
     """``rollout.seeded``: every request samples with its own seed, derived from the rank's checkpointed
     generator, so a resumed run replays the rollout exactly and a request's tokens do not depend on what it
     was batched with. false: requests draw from the engine's shared generator, which vLLM samples in one
@@ -34,10 +39,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("rollout.model.model_path is required")
-        if self.max_running_requests < 1:
-            raise ValueError(f"rollout.max_running_requests must be >= 1, got {self.max_running_requests}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        check_fields(self, "rollout")
         if self.tensor_parallel_size != 1:
             # A rank sees only its own device (CUDA_VISIBLE_DEVICES), so an engine cannot span several;
             # Qwen2.5-3B fits one GPU, and 8 GPUs run 8 data-parallel engines instead.
