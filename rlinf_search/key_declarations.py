@@ -202,7 +202,12 @@ def declared(default: Any, key: Key, *, at: str | None = None, convert: Callable
 
 def field_keys(cls) -> list[tuple[str, Key]]:
     """(config key, ``Key``) of every declared field of the dataclass ``cls``: the field's ``at``, else its name."""
-    return [(f.metadata.get("at") or f.name, f.metadata["key"]) for f in fields(cls) if "key" in f.metadata]
+    return [(_config_key(f), f.metadata["key"]) for f in fields(cls) if "key" in f.metadata]
+
+
+def _config_key(f) -> str:
+    """The config key a declared field reads, relative to its section: its ``at``, else its name."""
+    return f.metadata.get("at") or f.name
 
 
 def section_tree(cls) -> dict[str, Any]:
@@ -226,11 +231,11 @@ def from_section(cls: type[T], section: dict | None, *, path: str, **given: Any)
         if "key" not in f.metadata or f.name in given:
             continue
         value: Any = section or {}
-        for part in (f.metadata.get("at") or f.name).split("."):
+        for part in _config_key(f).split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if value is None:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise ValueError(f"{path}.{f.metadata.get('at') or f.name} is required")
+                raise ValueError(f"{path}.{_config_key(f)} is required")
             continue
         kind, convert = f.metadata["key"].kind, f.metadata.get("convert")
         value = int(value) if kind == "int" else float(value) if kind == "float" else value
@@ -244,4 +249,4 @@ def check_fields(obj: Any, path: str) -> None:
     converted value, which its key does not describe: it is checked in the config, not here."""
     for f in fields(type(obj)):
         if "key" in f.metadata and f.metadata.get("convert") is None:
-            f.metadata["key"].check(f"{path}.{f.metadata.get('at') or f.name}", getattr(obj, f.name))
+            f.metadata["key"].check(f"{path}.{_config_key(f)}", getattr(obj, f.name))

@@ -71,7 +71,6 @@ class DynamicBatcher:
         self._slots = asyncio.Semaphore(batch_threads)
         self._batches: set[asyncio.Task] = set()
         self._worker: asyncio.Task | None = None
-        self._last_batch_requests = 0
         self._recent_batch_requests: deque[int] = deque(maxlen=RECENT_BATCHES)
 
     def start(self) -> None:
@@ -98,7 +97,8 @@ class DynamicBatcher:
         size = len(batch[0].queries)
         # Wait for stragglers only when the last batch served several requests: a lone client would
         # pay the window on every request (2 of 10 ms on CPU) and never gain a batch-mate.
-        window_s = self._window_s if self._last_batch_requests > 1 else 0.0
+        last = self._recent_batch_requests[-1] if self._recent_batch_requests else 0
+        window_s = self._window_s if last > 1 else 0.0
         deadline = time.perf_counter() + window_s
         while size < self._max_batch:
             # Closed-loop clients come back together: once as many requests are here as the largest recent batch
@@ -125,7 +125,6 @@ class DynamicBatcher:
             except BaseException:
                 self._slots.release()
                 raise
-            self._last_batch_requests = len(batch)
             self._recent_batch_requests.append(len(batch))
             # Closed-loop clients come back together, so one collection holds all of them: split it over every
             # free batch thread (each part at least MIN_PART queries), or the other threads would stay idle.
