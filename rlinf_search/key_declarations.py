@@ -162,6 +162,15 @@ def dtype_name(precision: str) -> str:
     return PRECISIONS[precision]
 
 
+def training_dtype_name(precision: str) -> str:
+    """``dtype_name`` of a model that trains, where fp16 is refused: fp16 gradients need loss scaling, which this
+    trainer does not do (bf16 has fp32's range and needs none)."""
+    if PRECISIONS[precision] == "float16":
+        raise ValueError("fp16 training needs loss scaling, which this trainer does not do; use bf16 (bf16 compute "
+                         "over fp32 master weights) or fp32")
+    return PRECISIONS[precision]
+
+
 BOOL = Key("bool")
 STR = Key("str")
 STRS = Key("list")
@@ -192,12 +201,16 @@ def check_values(raw: dict, schema: dict, path: str = "") -> None:
             check_values(value, node, where)
 
 
-def declared(default: Any, key: Key, *, at: str | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
+def declared(default: Any, key: Key, *, at: str | None = None, convert: Callable[[Any], Any] | None = None,
+             registry: Any = None, default_words: str | None = None) -> Any:
     """A dataclass field with ``default`` (``dataclasses.MISSING``: required) whose value ``key`` declares:
     ``topk: int = declared(3, Int(ge=1))``. ``at``: the config key it reads, relative to its section, where that is
     not the field's name (``at="model.precision"``); ``convert``: turns the key's value into the field's
-    (a precision spelling into a torch dtype name)."""
-    return field(default=default, metadata={"key": key, "at": at, "convert": convert})
+    (a precision spelling into a torch dtype name); ``registry``: the extension point that must resolve the name
+    (``from_section`` asks it, so a bad name stops the run at start-up); ``default_words``: the default as the docs
+    state it, where the field's is computed from other keys (``<output_dir>/logs``)."""
+    return field(default=default, metadata={"key": key, "at": at, "convert": convert, "registry": registry,
+                                            "default_words": default_words})
 
 
 def field_keys(cls) -> list[tuple[str, Key]]:
@@ -205,21 +218,43 @@ def field_keys(cls) -> list[tuple[str, Key]]:
     return [(_config_key(f), f.metadata["key"]) for f in fields(cls) if "key" in f.metadata]
 
 
+def _joined(path: str, key: str) -> str:
+    """``key`` under the section at ``path`` ("" for the config's top)."""
+    return f"{path}.{key}" if path else key
+
+
 def _config_key(f) -> str:
     """The config key a declared field reads, relative to its section: its ``at``, else its name."""
     return f.metadata.get("at") or f.name
 
 
-def section_tree(cls) -> dict[str, Any]:
-    """``cls``'s declared fields as a ``SCHEMA`` section: ``at`` paths (``model.precision``) become nested sections."""
+def section_tree(cls, also: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``cls``'s declared fields as a ``SCHEMA`` section: ``at`` paths (``model.precision``) become nested sections.
+    ``also``: the section's keys that no field of ``cls`` reads (dotted, relative to the section), with their
+    declarations."""
     tree: dict[str, Any] = {}
-    for path, key in field_keys(cls):
+    for path, key in [*field_keys(cls), *(also or {}).items()]:
         *parents, name = path.split(".")
         node = tree
         for parent in parents:
             node = node.setdefault(parent, {})
         node[name] = key
     return tree
+
+
+def merged(*trees: dict[str, Any]) -> dict[str, Any]:
+    """``SCHEMA`` trees joined into one (a view reading keys of several sections gives a tree from the top); a key
+    declared by two of them is a ``ValueError``."""
+    out: dict[str, Any] = {}
+    for tree in trees:
+        for name, node in tree.items():
+            if isinstance(node, dict) and isinstance(out.get(name), dict):
+                out[name] = merged(out[name], node)
+            elif name in out:
+                raise ValueError(f"{name}: declared twice")
+            else:
+                out[name] = node
+    return out
 
 
 def from_section(cls: type[T], section: dict | None, *, path: str, **given: Any) -> T:
@@ -235,11 +270,17 @@ def from_section(cls: type[T], section: dict | None, *, path: str, **given: Any)
             value = value.get(part) if isinstance(value, dict) else None
         if value is None:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise ValueError(f"{path}.{_config_key(f)} is required")
+                raise ValueError(f"{_joined(path, _config_key(f))} is required")
             continue
-        kind, convert = f.metadata["key"].kind, f.metadata.get("convert")
+        kind, convert, registry = f.metadata["key"].kind, f.metadata.get("convert"), f.metadata.get("registry")
         value = int(value) if kind == "int" else float(value) if kind == "float" else value
-        values[f.name] = convert(value) if convert else value
+        where = _joined(path, _config_key(f))
+        if registry is not None:
+            registry.resolve(value, key=where)
+        try:
+            values[f.name] = convert(value) if convert else value
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     return cls(**values, **given)
 
 
@@ -249,4 +290,4 @@ def check_fields(obj: Any, path: str) -> None:
     converted value, which its key does not describe: it is checked in the config, not here."""
     for f in fields(type(obj)):
         if "key" in f.metadata and f.metadata.get("convert") is None:
-            f.metadata["key"].check(f"{path}.{_config_key(f)}", getattr(obj, f.name))
+            f.metadata["key"].check(_joined(path, _config_key(f)), getattr(obj, f.name))

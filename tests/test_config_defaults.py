@@ -19,7 +19,7 @@ import yaml
 
 import rlinf_search.config as config_package
 from rlinf_search.config.eval import EVAL_SCHEMA
-from rlinf_search.config.readers import PRECISIONS
+from rlinf_search.key_declarations import PRECISIONS
 from rlinf_search.config.schema import SCHEMA, VIEW_SECTIONS
 from rlinf_search.key_declarations import field_keys
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
@@ -102,12 +102,14 @@ def _leaves(schema: dict, prefix: str = "") -> list[str]:
 
 
 READS = _reads()
-VIEW_KEYS = {f"{section}.{path}": cls for section, cls in VIEW_SECTIONS.items() for path, _ in field_keys(cls)}
+VIEW_KEYS = {f"{section}.{path}".lstrip("."): cls for section, cls in VIEW_SECTIONS.items()
+             for path, _ in field_keys(cls)}
 """The keys the view sections' fields declare, each read by ``from_section``."""
 
 
 def test_the_walk_finds_the_readers():
-    assert len(READS) > 80, f"only {len(READS)} reader calls found in {PACKAGE}: did the readers' names change?"
+    assert len(READS) > 60, f"only {len(READS)} reader calls found in {PACKAGE}: did the readers' names change?"
+    assert len(VIEW_KEYS) > 50, f"only {len(VIEW_KEYS)} keys declared by the views: did VIEW_SECTIONS shrink?"
 
 
 def test_no_default_is_a_second_literal():
@@ -176,7 +178,8 @@ def _default_values() -> dict[str, object]:
     for section, cls in VIEW_SECTIONS.items():
         for f in dataclasses.fields(cls):
             if "key" in f.metadata and f.default is not dataclasses.MISSING:
-                values[f"{section}.{f.metadata.get('at') or f.name}"] = f.default
+                words = f.metadata.get("default_words")
+                values[f"{section}.{f.metadata.get('at') or f.name}".lstrip(".")] = f.default if words is None else words
     return values
 
 

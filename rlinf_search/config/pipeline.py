@@ -13,39 +13,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, estimators_with, traits_of
+from rlinf_search.config.runner import PipelineSettings
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.scheduler.placement import Placement
 from rlinf_search.workers.inference.plan import LogprobPlan
 
 ASYNC_CORRECTION = "tis"
 """``algorithm.mismatch_correction`` when an asynchronous pipeline leaves it unset (docs/runtime.md says why)."""
-
-
-@dataclass(frozen=True)
-class PipelineSettings:
-    """``runner.pipeline`` and the keys that shape it, resolved for the run."""
-
-    name: str
-    """``sync``, ``overlap``, ``stream`` or ``async``."""
-    max_staleness: int = 0
-    """Steps the rollout may run ahead of the update (``runner.max_staleness``): a token sampled by policy
-    version v is trained by an update no later than v + max_staleness. 0 for the on-policy pipelines."""
-    partial_rollout: bool = False
-    """New weights reach the engines between two turns of a trajectory in flight (``runner.partial_rollout``);
-    false: only when no rollout is in flight."""
-
-    @property
-    def per_minibatch(self) -> bool:
-        """The update takes one mini-batch of groups at a time, as they are ready (``stream``, ``async``)."""
-        return self.name in ("stream", "async")
-
-    @property
-    def ahead(self) -> bool:
-        """The rollout runs ahead of the update (``overlap``, ``async``)."""
-        return self.max_staleness > 0
 
 
 ASYNC_DEFAULTS = PipelineSettings("async", max_staleness=1, partial_rollout=True)

@@ -9,13 +9,10 @@ second literal: ``tests/test_config_defaults.py`` checks every call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlinf_search.config.schema import ConfigError
-from rlinf_search.key_declarations import PRECISIONS
-
-if TYPE_CHECKING:
-    from rlinf_search.registry import Registry
+from rlinf_search.key_declarations import T, from_section
 
 
 def get(raw: dict, dotted: str, default: Any = None) -> Any:
@@ -54,28 +51,11 @@ def get_section(raw: dict, dotted: str) -> dict:
     return {key: value for key, value in body.items() if value is not None}
 
 
-def get_precision(raw: dict, dotted: str, default: str | None, *, training: bool = False) -> str | None:
-    """A precision key as a torch dtype name (``bf16`` -> ``bfloat16``); null: ``default`` (None stays None).
-
-    ``training``: the key sets a model that trains, where fp16 is refused: fp16 gradients need loss
-    scaling, which this trainer does not do (bf16 has fp32's range and needs none)."""
-    value = get(raw, dotted, default)
-    if value is None:
-        return None
-    if training and PRECISIONS[value] == "float16":
-        raise ConfigError(f"{dotted}: fp16 training needs loss scaling, which this trainer does not do; use bf16 "
-                          "(bf16 compute over fp32 master weights) or fp32")
-    return PRECISIONS[value]
-
-
-def get_registered(raw: dict, dotted: str, default: str | None, registry: Registry) -> str | None:
-    """The name at ``dotted`` after checking that ``registry`` resolves it (a built-in, a registered
-    entry or a dotted path that imports), so a bad name stops the run at start-up; None stays None."""
-    name = get(raw, dotted, default)
-    if name is None:
-        return None
+def read_view(raw: dict, cls: type[T], dotted: str, **given: Any) -> T:
+    """The section at ``dotted`` ("": the whole config) read into ``cls`` by its fields' declarations (``from_section``), with ``given``
+    for the fields computed from other keys; a required key missing or a name its registry cannot resolve is a
+    ``ConfigError`` naming the key."""
     try:
-        registry.resolve(name, key=dotted)
+        return from_section(cls, get(raw, dotted, {}) if dotted else raw, path=dotted, **given)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return name

@@ -8,16 +8,16 @@ their own sections of ``RunConfig`` (``ActorConfig``, ``RewardConfig``, ...), ne
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from omegaconf import DictConfig
 
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, estimators_with, traits_of
 from rlinf_search.config.distill import distill_config
-from rlinf_search.config.pipeline import ASYNC_DEFAULTS, PipelineSettings, async_correction, resolve_pipeline
+from rlinf_search.config.pipeline import ASYNC_DEFAULTS, async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
-from rlinf_search.config.readers import get, get_bool, get_float, get_int, get_registered
+from rlinf_search.config.readers import get, get_bool, get_float, get_int, read_view
+from rlinf_search.config.runner import RunnerConfig
 from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys, check_values
 from rlinf_search.config.sections import (
     agent_loop,
@@ -31,7 +31,7 @@ from rlinf_search.config.sections import (
     sampling_params,
     with_offered_tools,
 )
-from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config, forward_rows
+from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config
 from rlinf_search.data.prepare import count_records
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.distill.config import DistillConfig
@@ -48,45 +48,6 @@ from rlinf_search.workers.rollout.config import RolloutConfig
 
 # Components a training run must place.
 TRAINING_COMPONENTS = ("actor", "rollout", "reward")
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    """``runner``: how long to train, when to validate and save, where outputs go."""
-
-    output_dir: str
-    """Root of the run's outputs (checkpoints, logs, eval)."""
-    experiment_name: str = "run"
-    """The run's name in the metric sinks (the W&B run name): ``runner.logger.experiment_name``, else
-    ``runner.experiment_name``."""
-    max_steps: int | None = 100
-    """Training steps (rollout + update) to run; the run stops at ``max_epochs`` first if that comes first.
-    None (written ``-1``, as RLinf and verl do): no step limit, ``max_epochs`` decides."""
-    max_epochs: int = 1
-    """Passes over the training data."""
-    val_check_interval: int = 0
-    """Validate every N steps (0: never during training)."""
-    save_interval: int = 0
-    """Checkpoint every N steps (0: only at the end)."""
-    seq_length: int = 4096
-    """Prompt + response token budget per trajectory."""
-    max_tokens_per_mbs: int | None = None
-    """Token budget of one micro-batch (forward/backward)."""
-    resume_dir: str | None = None
-    """A checkpoint folder to resume from, or ``auto`` for the newest one under ``output_dir``."""
-    log_path: str = ""
-    """Where metrics.jsonl and TensorBoard files go."""
-    logger_backends: tuple[str, ...] = ("console", "jsonl")
-    """Metric sinks (names and their packages checked by ``validate_cfg``)."""
-    project_name: str = "rlinf-search"
-    """W&B project."""
-    rollout_dump: int = 0
-    """Trajectories of each step written to ``output_dir/rollouts/step_K.jsonl`` (and, when > 0, every
-    validation trajectory to ``val_step_K.jsonl``); 0: none."""
-    pipeline: PipelineSettings = PipelineSettings("sync")
-    """How a step overlaps rollout and training (``config/pipeline.py``): ``runner.pipeline`` (``sync``,
-    ``overlap``, ``stream`` or ``async``; unset, ``overlap`` on a disaggregated placement, else ``sync``) with
-    ``runner.max_staleness`` and ``runner.partial_rollout``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,39 +123,18 @@ class RunConfig:
 
 
 def _runner(raw: dict) -> RunnerConfig:
-    output_dir = get(raw, "runner.output_dir")
-    if not output_dir:
-        raise ConfigError("runner.output_dir is required")
-    backends = get(raw, "runner.logger.logger_backends", RunnerConfig.logger_backends)
+    runner = read_view(raw, RunnerConfig, "runner")
     try:
-        check_backends(backends)
+        check_backends(runner.logger_backends)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return RunnerConfig(
-        output_dir=str(output_dir),
-        experiment_name=str(get(raw, "runner.logger.experiment_name",
-                                get(raw, "runner.experiment_name", RunnerConfig.experiment_name))),
-        max_steps=_max_steps(raw),
-        max_epochs=get_int(raw, "runner.max_epochs", RunnerConfig.max_epochs),
-        val_check_interval=get_int(raw, "runner.val_check_interval", RunnerConfig.val_check_interval),
-        save_interval=get_int(raw, "runner.save_interval", RunnerConfig.save_interval),
-        seq_length=seq_length(raw),
-        max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None),
-        resume_dir=get(raw, "runner.resume_dir"),
-        log_path=str(get(raw, "runner.logger.log_path", Path(output_dir) / "logs")), logger_backends=tuple(backends),
-        project_name=str(get(raw, "runner.logger.project_name", RunnerConfig.project_name)),
-        rollout_dump=get_int(raw, "runner.rollout_dump", RunnerConfig.rollout_dump))
+    named = get(raw, "runner.logger.experiment_name")
+    return runner if named is None else replace(runner, experiment_name=str(named))
 
 
 def seq_length(raw: dict) -> int:
     """``runner.seq_length``: the prompt + response token budget (an eval reads it too)."""
     return get_int(raw, "runner.seq_length", RunnerConfig.seq_length)
-
-
-def _max_steps(raw: dict) -> int | None:
-    """``runner.max_steps``: a step count, or -1 for none (``max_epochs`` then ends the run)."""
-    steps = get_int(raw, "runner.max_steps", RunnerConfig.max_steps)
-    return None if steps == -1 else steps
 
 
 def _total_steps(runner: RunnerConfig, train_paths: tuple[str, ...], batch: int) -> int:
@@ -232,8 +172,11 @@ def _batching(raw: dict) -> tuple[int, int, str]:
     group_size = get_int(raw, "algorithm.group_size", RunConfig.group_size)
     batch = get_int(raw, "data.rollout_batch_size", RunConfig.rollout_batch_size)
     minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches)
-    adv_type = get_registered(raw, "algorithm.adv_type", RunConfig.adv_type, ADVANTAGE_ESTIMATORS)
-    traits = traits_of(ADVANTAGE_ESTIMATORS.resolve(adv_type))
+    adv_type = get(raw, "algorithm.adv_type", RunConfig.adv_type)
+    try:
+        traits = traits_of(ADVANTAGE_ESTIMATORS.resolve(adv_type, key="algorithm.adv_type"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if traits.needs_group and group_size < 2:
         raise ConfigError(f"algorithm.group_size must be >= 2 for {adv_type}: a group of one has advantage 0")
     use_critic = get_bool(raw, "critic.use_critic_model", CRITIC_BY_DEFAULT)
@@ -250,12 +193,12 @@ def _batching(raw: dict) -> tuple[int, int, str]:
     return group_size, batch, adv_type
 
 
-def _inference(raw: dict, placement: Placement, *, recompute: bool, kl_beta: float, group_name: str) -> InferenceConfig:
+def _inference(raw: dict, placement: Placement, *, recompute: bool, actor: ActorConfig, group_name: str) -> InferenceConfig:
     try:
         return InferenceConfig.from_placement(
-            placement, recompute=recompute, kl_beta=kl_beta, group_name=group_name,
+            placement, recompute=recompute, kl_beta=actor.loss.kl_beta, group_name=group_name,
             load_from_actor=get_bool(raw, "inference.load_from_actor", InferenceConfig.load_from_actor),
-            forward_micro_batch_size=forward_rows(raw))
+            forward_micro_batch_size=actor.forward_micro_batch_size)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -293,7 +236,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     seed = get_int(raw, "data.seed", RunConfig.seed)
     actor = actor_config(raw, model_path=rollout.model_path, max_response_tokens=runner.seq_length - limit.max_prompt_tokens,
                          temperature=sampling.temperature, run_steps=total_steps, seed=seed)
-    inference = _inference(raw, placement, recompute=recompute, kl_beta=actor.loss.kl_beta,
+    inference = _inference(raw, placement, recompute=recompute, actor=actor,
                            group_name=groups["inference"])
     logprobs = LogprobPlan.decide(recompute=recompute, kl=actor.loss.kl_beta > 0, separate=inference.separate)
     # The InferenceGroup's policy copy (recomputed old log-probs on devices of its own) loads the compute dtype.

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from rlinf_search.agents.config import AgentLoopConfig
-from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
+from rlinf_search.config.runner import RunnerConfig
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.distill.config import DistillConfig, TeacherConfig
 from rlinf_search.key_declarations import (
@@ -26,12 +26,13 @@ from rlinf_search.key_declarations import (
     ValueOutOfRange,
     field_keys,
     leaves,
+    merged,
     section_tree,
 )
 from rlinf_search.key_declarations import check_values as _check_values
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.tools.search.config import SearchToolConfig
-from rlinf_search.workers.actor.config import LR_SCHED_KEYS, OptimConfig
+from rlinf_search.workers.actor.config import LR_SCHED_KEYS, ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig, MegatronConfig
 from rlinf_search.workers.reward.config import RewardConfig
@@ -63,29 +64,22 @@ PIPELINES = ("sync", "overlap", "stream", "async")
 """``runner.pipeline``: how a step's rollout and update overlap (``config/pipeline.py``)."""
 REWARD_TYPES = ("searchr1",)
 """``reward.reward_type``: the one reward family (``reward.score`` picks the variant)."""
-SCHEMA: dict[str, Any] = {
+SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), {
     "hydra": "*",
     "cluster": "*",  # checked by ClusterConfig.from_dict
-    "runner": {
-        "task_type": Choice(*TASK_TYPES), "experiment_name": STR, "output_dir": STR, "max_epochs": Int(ge=1),
-        "max_steps": Int(ge=1, also=((-1, "no step limit: runner.max_epochs ends the run"),)),
-        "val_check_interval": Int(ge=0), "save_interval": Int(ge=0), "seq_length": Int(ge=2),
-        "max_tokens_per_mbs": Int(ge=1), "resume_dir": STR, "rollout_dump": Int(ge=0), "pipeline": Choice(*PIPELINES),
-        "max_staleness": Int(ge=1), "partial_rollout": BOOL,
-        "logger": {"log_path": STR, "project_name": STR, "experiment_name": STR, "logger_backends": STRS}},
-    "algorithm": {
-        "policy_loss": STR, "group_size": Int(ge=1), "n_minibatches": Int(ge=1), "ppo_epochs": Int(ge=1),
-        "recompute_logprobs": BOOL, "shuffle_rollout": BOOL, "loss_agg_func": STR, "kl_beta": Float(ge=0),
-        "kl_penalty_type": STR, "ratio_clip_eps": Float(gt=0, lt=1), "clip_ratio_low": Float(gt=0, lt=1),
-        "clip_ratio_high": Float(gt=0), "clip_ratio_c": Float(gt=1), "entropy_bonus": Float(ge=0), "adv_type": STR,
-        "normalize_advantages": BOOL, "gamma": Float(ge=0, le=1), "lam": Float(ge=0, le=1),
-        "mismatch_correction": STR, "value_clip": Float(gt=0), "logprob_forward_micro_batch_size": Int(ge=1),
+    "runner": section_tree(RunnerConfig, also={
+        "task_type": Choice(*TASK_TYPES), "pipeline": Choice(*PIPELINES), "max_staleness": Int(ge=1),
+        "partial_rollout": BOOL, "logger.experiment_name": STR}),
+    # PolicyLossConfig's fields; ActorConfig declares ppo_epochs, n_minibatches, shuffle_rollout and the forward rows
+    "algorithm": section_tree(PolicyLossConfig, also={
+        "group_size": Int(ge=1), "recompute_logprobs": BOOL, "ratio_clip_eps": Float(gt=0, lt=1), "adv_type": STR,
+        "normalize_advantages": BOOL, "gamma": Float(ge=0, le=1), "lam": Float(ge=0, le=1), "value_clip": Float(gt=0),
         "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"),
                             "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)), "top_p": Float(gt=0, le=1),
                             "max_new_tokens": Int(ge=1)},
-        # DistillConfig's declared fields; top_k_divergence is the actor loss's (PolicyLossConfig)
-        "distill": {"enable": BOOL, **dict(field_keys(DistillConfig)), "top_k_divergence": Choice(*TOP_K_DIVERGENCES),
-                    "teacher": "*"}},  # checked by TeacherConfig.from_dict
+        # DistillConfig's declared fields; the teacher is checked by TeacherConfig.from_dict
+        "distill.enable": BOOL, **{f"distill.{name}": key for name, key in field_keys(DistillConfig)},
+        "distill.teacher": "*"}),
     "agentloop": {**section_tree(AgentLoopConfig), "num_workers": Int(ge=0)},
     "agent": {"protocol": STR},
     # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
@@ -94,24 +88,22 @@ SCHEMA: dict[str, Any] = {
     "inference": {"group_name": STR, "load_from_actor": BOOL},
     "data": {**section_tree(PromptLimit), "rollout_batch_size": Int(ge=1), "shuffle": BOOL, "seed": Int(ge=0),
              "train_data_paths": STRS, "val_data_paths": STRS},
+    # the keys ActorConfig's fields do not declare (they declare theirs from the top: section_tree(ActorConfig) below)
     "actor": {
-        "group_name": STR, "training_backend": STR,
-        "model": {"precision": PRECISION, "enable_gradient_checkpointing": BOOL, "use_remove_padding": BOOL,
-                  "logprob_chunk_size": Int(ge=1), "attn_implementation": STR, "compile_layers": BOOL,
-                  # read by the megatron backend only: MegatronConfig's fields named in its MODEL_KEYS
-                  **{name: key for name, key in field_keys(MegatronConfig) if name in MEGATRON_MODEL_KEYS}},
-        "fsdp_config": {"cpu_offload": BOOL},
+        "group_name": STR,
+        # read by the megatron backend only: MegatronConfig's fields named in its MODEL_KEYS
+        "model": {name: key for name, key in field_keys(MegatronConfig) if name in MEGATRON_MODEL_KEYS},
         "megatron": {"use_hf_ckpt": BOOL,
                      **{name: key for name, key in field_keys(MegatronConfig) if name not in MEGATRON_MODEL_KEYS},
                      "ckpt_convertor": dict(field_keys(CheckpointConverterConfig))},
-        "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL, "pack_traj": BOOL,
+        "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL,
         "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
     "reward": {"group_name": STR, "reward_type": Choice(*REWARD_TYPES), **section_tree(RewardConfig)},
     "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0, relation="< the run's steps"),
                "model": {"model_path": STR, "precision": PRECISION},
                "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
-}
-VIEW_SECTIONS = {"rollout": RolloutConfig, "reward": RewardConfig, "agentloop": AgentLoopConfig, "data": PromptLimit}
+})
+VIEW_SECTIONS = {"": ActorConfig, "algorithm": PolicyLossConfig, "runner": RunnerConfig, "rollout": RolloutConfig, "reward": RewardConfig, "agentloop": AgentLoopConfig, "data": PromptLimit}
 """Sections read into the typed view a worker is handed (``from_section``): each field declares the key it reads, its
 default and its range, and ``SCHEMA`` takes them from there (``agentloop.num_workers`` sizes the group, and ``data``'s other keys are the data loader's)."""
 DATACLASS_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig,

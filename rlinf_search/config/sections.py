@@ -16,19 +16,11 @@ from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.agents.toolcall.tool_config import ListedTool, ToolConfigError, read_tool_config
 from rlinf_search.agents.tools import TOOLS
-from rlinf_search.config.readers import (
-    get,
-    get_bool,
-    get_float,
-    get_int,
-    get_registered,
-)
+from rlinf_search.config.readers import get, get_bool, get_float, get_int, read_view
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.config.tools import extra_tools
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptLimit
-from rlinf_search.key_declarations import from_section
-from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement, Topology, validate_placement
 from rlinf_search.tools.search.config import SearchToolConfig
@@ -70,16 +62,13 @@ def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> R
     if backend == "vllm" and not recompute and (sampling.top_k > 0 or sampling.top_p < 1):
         raise ConfigError("algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend vllm: "
                           "vLLM's log-probs are of the top-k/top-p filtered distribution, the trainer's are not")
-    try:
-        return from_section(RolloutConfig, get(raw, "rollout", {}), path="rollout")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return read_view(raw, RolloutConfig, "rollout")
 
 
 def prompt_limit(raw: dict, *, seq_length: int) -> PromptLimit:
     """``data.max_prompt_length`` (below ``runner.seq_length``), ``data.filter_overlong_prompts`` and
     ``data.truncation``: verl's keys, with the same meaning."""
-    limit = from_section(PromptLimit, get(raw, "data", {}), path="data")
+    limit = read_view(raw, PromptLimit, "data")
     if limit.max_prompt_tokens >= seq_length:
         raise ConfigError(f"data.max_prompt_length ({limit.max_prompt_tokens}) must be < runner.seq_length "
                           f"({seq_length})")
@@ -111,16 +100,13 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
     if protocol == "toolcall" and not limit.apply_chat_template:
         raise ConfigError("agent.protocol: toolcall renders the tool schema through the chat template; it needs "
                           "data.apply_chat_template: true")
-    try:
-        return search, from_section(
-            AgentLoopConfig, get(raw, "agentloop", {}), path="agentloop", max_tokens_per_turn=sampling.max_new_tokens,
-            max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk,
-            apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
-            truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema,
-            tools=extra_tools(raw, protocol=protocol, search_addr=search.server_addrs[0], listed=listed,
-                              listed_in=section.get("tool_config")))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return search, read_view(
+        raw, AgentLoopConfig, "agentloop", max_tokens_per_turn=sampling.max_new_tokens,
+        max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk,
+        apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
+        truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema,
+        tools=extra_tools(raw, protocol=protocol, search_addr=search.server_addrs[0], listed=listed,
+                          listed_in=section.get("tool_config")))
 
 
 def with_offered_tools(limit: PromptLimit, loop: AgentLoopConfig) -> PromptLimit:
@@ -185,5 +171,4 @@ def data_paths(raw: dict, key: str, *, required: bool) -> tuple[str, ...]:
 def reward_config(raw: dict) -> RewardConfig:
     """``reward``: the score, checked to resolve, and its scale (``reward.reward_type``, the one reward family, is
     declared)."""
-    get_registered(raw, "reward.score", RewardConfig.score, REWARDS)
-    return from_section(RewardConfig, get(raw, "reward", {}), path="reward")
+    return read_view(raw, RewardConfig, "reward")

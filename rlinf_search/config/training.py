@@ -7,26 +7,21 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from dataclasses import replace
 
 import torch
 
-from rlinf_search.algorithms import (
-    KL_ESTIMATORS,
-    LOSS_AGGREGATIONS,
-    MISMATCH_CORRECTIONS,
-    POLICY_LOSSES,
-)
 from rlinf_search.config.readers import (
     get,
     get_bool,
     get_float,
     get_int,
-    get_precision,
-    get_registered,
     get_section,
+    read_view,
 )
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
+from rlinf_search.key_declarations import training_dtype_name
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
@@ -43,25 +38,15 @@ CRITIC_BY_DEFAULT = False
 
 
 def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
+    """The ``algorithm`` keys of the loss; ``ratio_clip_eps`` (verl's symmetric clip) fills the clip sides left unset."""
     symmetric = get_float(raw, "algorithm.ratio_clip_eps", None)
-    low = get_float(raw, "algorithm.clip_ratio_low",
-                    PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
+    low = get_float(raw, "algorithm.clip_ratio_low", PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
     high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
-    loss_agg = get_registered(raw, "algorithm.loss_agg_func", PolicyLossConfig.loss_agg_func, LOSS_AGGREGATIONS)
-    kl_type = get_registered(raw, "algorithm.kl_penalty_type", PolicyLossConfig.kl_penalty_type, KL_ESTIMATORS)
-    kl_beta = get_float(raw, "algorithm.kl_beta", PolicyLossConfig.kl_beta)
     # The one key where null is not the default: RLinf writes clip_ratio_c: null to turn dual clip off.
-    dual_clip_off = "clip_ratio_c" in get(raw, "algorithm", {}) and get(raw, "algorithm.clip_ratio_c") is None
-    clip_c = None if dual_clip_off else get_float(raw, "algorithm.clip_ratio_c", PolicyLossConfig.clip_ratio_c)
-    correction = get_registered(raw, "algorithm.mismatch_correction", PolicyLossConfig.mismatch_correction,
-                                MISMATCH_CORRECTIONS)
-    return PolicyLossConfig(
-        policy_loss=get_registered(raw, "algorithm.policy_loss", PolicyLossConfig.policy_loss, POLICY_LOSSES),
-        clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, loss_agg_func=loss_agg, kl_beta=kl_beta,
-        kl_penalty_type=kl_type,
-        entropy_bonus=get_float(raw, "algorithm.entropy_bonus", PolicyLossConfig.entropy_bonus),
-        temperature=temperature, mismatch_correction=correction, norm_constant=float(max_response_tokens),
-        top_k_divergence=get(raw, "algorithm.distill.top_k_divergence", PolicyLossConfig.top_k_divergence))
+    algorithm = get(raw, "algorithm", {})
+    dual_clip_off = {"clip_ratio_c": None} if "clip_ratio_c" in algorithm and algorithm["clip_ratio_c"] is None else {}
+    return read_view(raw, PolicyLossConfig, "algorithm", clip_ratio_low=low, clip_ratio_high=high,
+                     temperature=temperature, norm_constant=float(max_response_tokens), **dual_clip_off)
 
 
 def _optim(optim: dict, lr_sched: dict, *, total_steps: int, lr: float | None = None) -> OptimConfig:
@@ -75,61 +60,39 @@ def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temper
                  run_steps: int, seed: int) -> ActorConfig:
     """``actor`` and the ``algorithm`` keys of the policy update; the lr schedule spans ``run_steps`` steps
     of ``ppo_epochs x n_minibatches`` optimizer steps each. ``seed``: ``data.seed``."""
-    backend = get(raw, "actor.training_backend", ActorConfig.training_backend)
+    loss = _policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature)
+    offload = OffloadConfig(weights=get_bool(raw, "actor.offload_weight", OffloadConfig.weights),
+                            grads=get_bool(raw, "actor.offload_grad", OffloadConfig.grads),
+                            optimizer=get_bool(raw, "actor.offload_optimizer", OffloadConfig.optimizer))
+    actor = read_view(raw, ActorConfig, "", model_path=model_path, loss=loss, seed=seed, offload=offload,
+                      max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None))
+    backend = actor.training_backend
     megatron = _megatron(raw, backend, model_path)
-    checkpointing = get_bool(raw, "actor.model.enable_gradient_checkpointing", ActorConfig.gradient_checkpointing)
-    if backend == "megatron" and checkpointing:
+    if backend == "megatron" and actor.gradient_checkpointing:
         raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
                           "by actor.model.recompute_granularity instead")
-    compile_layers = get_bool(raw, "actor.model.compile_layers", ActorConfig.compile_layers)
-    if backend == "megatron" and compile_layers:
+    if backend == "megatron" and actor.compile_layers:
         raise ConfigError("actor.model.compile_layers: read by the HF backends (fsdp, ddp) only; the megatron backend "
                           "does not compile its layers")
-    loss = _policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature)
-    pack_traj = get_bool(raw, "actor.pack_traj", ActorConfig.pack_traj)
-    pack_sequences = get_bool(raw, "actor.model.use_remove_padding", ActorConfig.pack_sequences)
-    if not pack_traj and loss.loss_agg_func not in TURN_LEVEL_AGGREGATIONS:
+    if not actor.pack_traj and loss.loss_agg_func not in TURN_LEVEL_AGGREGATIONS:
         raise ConfigError(f"actor.pack_traj: false weights each turn back to its trajectory for "
                           f"{', '.join(TURN_LEVEL_AGGREGATIONS)}; algorithm.loss_agg_func is {loss.loss_agg_func!r}")
-    ppo_epochs = get_int(raw, "algorithm.ppo_epochs", ActorConfig.ppo_epochs)
-    n_minibatches = get_int(raw, "algorithm.n_minibatches", ActorConfig.n_minibatches)
-    return ActorConfig(model_path=model_path, training_backend=backend, megatron=megatron,
-                       optim=_optim(get_section(raw, "actor.optim"), get_section(raw, "actor.lr_sched"),
-                                    total_steps=run_steps * ppo_epochs * n_minibatches),
-                       loss=loss, pack_traj=pack_traj,
-                       ppo_epochs=ppo_epochs, n_minibatches=n_minibatches,
-                       max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None),
-                       dtype=get_precision(raw, "actor.model.precision", ActorConfig.dtype, training=True),
-                       gradient_checkpointing=checkpointing, compile_layers=compile_layers,
-                       pack_sequences=pack_sequences,
-                       logprob_chunk_tokens=get_int(raw, "actor.model.logprob_chunk_size",
-                                                    ActorConfig.logprob_chunk_tokens),
-                       fsdp_cpu_offload=_fsdp_cpu_offload(raw, backend),
-                       attn_implementation=_attn_implementation(raw, backend, packing=pack_sequences),
-                       seed=seed, forward_micro_batch_size=forward_rows(raw),
-                       shuffle_rollout=get_bool(raw, "algorithm.shuffle_rollout", ActorConfig.shuffle_rollout),
-                       offload=OffloadConfig(weights=get_bool(raw, "actor.offload_weight", OffloadConfig.weights),
-                                             grads=get_bool(raw, "actor.offload_grad", OffloadConfig.grads),
-                                             optimizer=get_bool(raw, "actor.offload_optimizer",
-                                                                OffloadConfig.optimizer)))
-
-
-def _fsdp_cpu_offload(raw: dict, backend: str) -> bool:
-    """``actor.fsdp_config.cpu_offload``: FSDP2's own offload of the shards; read by ``fsdp`` only."""
-    offload = get_bool(raw, "actor.fsdp_config.cpu_offload", ActorConfig.fsdp_cpu_offload)
-    if offload and backend != "fsdp":
+    if actor.fsdp_cpu_offload and backend != "fsdp":
         raise ConfigError(f"actor.fsdp_config.cpu_offload: read by actor.training_backend: fsdp only, and this run "
                           f"uses {backend}")
-    return offload
+    _check_attn_implementation(actor)
+    steps = run_steps * actor.ppo_epochs * actor.n_minibatches
+    return replace(actor, megatron=megatron, optim=_optim(
+        get_section(raw, "actor.optim"), get_section(raw, "actor.lr_sched"), total_steps=steps))
 
 
-def _attn_implementation(raw: dict, backend: str, *, packing: bool) -> str | None:
-    """``actor.model.attn_implementation``: the HF attention kernel; megatron-core brings its own attention.
-    ``packing``: ``actor.model.use_remove_padding``. A choice that cannot take effect on this machine (no packed-row
-    kernel, a kernel whose package or device is missing) says so here, in one line, before any worker starts."""
-    name = get(raw, "actor.model.attn_implementation", ActorConfig.attn_implementation)
+def _check_attn_implementation(actor: ActorConfig) -> None:
+    """``actor.model.attn_implementation``: the HF attention kernel; megatron-core brings its own attention. A choice
+    that cannot take effect on this machine (no packed-row kernel, a kernel whose package or device is missing) says
+    so here, in one line, before any worker starts."""
+    name, backend, packing = actor.attn_implementation, actor.training_backend, actor.pack_sequences
     if name is None:
-        return None
+        return
     if backend == "megatron":
         raise ConfigError("actor.model.attn_implementation: read by the HF backends (fsdp, ddp) only; megatron-core's "
                           "layer spec sets the attention of actor.training_backend: megatron")
@@ -148,11 +111,6 @@ def _attn_implementation(raw: dict, backend: str, *, packing: bool) -> str | Non
     return name
 
 
-def forward_rows(raw: dict) -> int | None:
-    """``algorithm.logprob_forward_micro_batch_size``: rows per forward-only pass; None packs by token budget."""
-    return get_int(raw, "algorithm.logprob_forward_micro_batch_size", ActorConfig.forward_micro_batch_size)
-
-
 def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name: str) -> CriticConfig | None:
     """``critic`` when ``use_critic_model`` is true: it trains on the actor's batches, with its own optimizer."""
     if not get_bool(raw, "critic.use_critic_model", CRITIC_BY_DEFAULT):
@@ -168,10 +126,18 @@ def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name
                      total_steps=actor.optim.total_steps, lr=CRITIC_LR),
         loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
         n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs,
-        dtype=get_precision(raw, "critic.model.precision", CriticConfig.dtype, training=True), seed=actor.seed,
+        dtype=_training_dtype(get(raw, "critic.model.precision", CriticConfig.dtype)), seed=actor.seed,
         shuffle_rollout=actor.shuffle_rollout, warmup_steps=warmup, group_name=group_name,
         training_backend=actor.training_backend, gradient_checkpointing=actor.gradient_checkpointing,
         pack_sequences=actor.pack_sequences)
+
+
+def _training_dtype(precision: str) -> str:
+    """``critic.model.precision`` as a torch dtype name; fp16 refused (``training_dtype_name``)."""
+    try:
+        return training_dtype_name(precision)
+    except ValueError as exc:
+        raise ConfigError(f"critic.model.precision: {exc}") from None
 
 
 def _megatron(raw: dict, backend: str, model_path: str) -> MegatronConfig | None:

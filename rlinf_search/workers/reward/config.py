@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlinf_search.key_declarations import STR, Float, declared
+from rlinf_search.rewards import REWARDS
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     """What the RewardGroup grades trajectories with."""
 
-    score: str = declared("em", STR)
+    score: str = declared("em", STR, registry=REWARDS)
     """``reward.score``: a registered reward (``em``, ``subem``, ``f1``, ``format_em``) or a dotted path
     to ``fn(solution_str, golden_answers, **kwargs) -> float``."""
     scale: float = declared(1.0, Float(gt=0), at="reward_scale")
