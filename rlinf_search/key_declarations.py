@@ -207,8 +207,8 @@ def declared(default: Any, key: Key, *, at: str | None = None, convert: Callable
     ``topk: int = declared(3, Int(ge=1))``. ``at``: the config key it reads, relative to its section, where that is
     not the field's name (``at="model.precision"``); ``convert``: turns the key's value into the field's
     (a precision spelling into a torch dtype name); ``registry``: the extension point that must resolve the name
-    (``from_section`` asks it, so a bad name stops the run at start-up); ``default_words``: the default as the docs
-    state it, where the field's is computed from other keys (``<output_dir>/logs``)."""
+    (``from_section`` asks it, so a bad name stops the run at start-up); ``default_words``: the default cell of docs/config.md, where
+    the field's default is computed from other keys (``"`<output_dir>/logs`"``)."""
     return field(default=default, metadata={"key": key, "at": at, "convert": convert, "registry": registry,
                                             "default_words": default_words})
 

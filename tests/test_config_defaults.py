@@ -102,7 +102,7 @@ def _leaves(schema: dict, prefix: str = "") -> list[str]:
 
 
 READS = _reads()
-VIEW_KEYS = {f"{section}.{path}".lstrip("."): cls for section, cls in VIEW_SECTIONS.items()
+VIEW_KEYS = {f"{section}.{path}".lstrip("."): cls for section, cls in VIEW_SECTIONS
              for path, _ in field_keys(cls)}
 """The keys the view sections' fields declare, each read by ``from_section``."""
 
@@ -175,11 +175,12 @@ def _default_values() -> dict[str, object]:
             continue  # not a field of a view class: a value computed from other keys
         values[read.key] = eval(compile(ast.Expression(read.default), read.where, "eval"),  # noqa: S307
                                 dict(namespaces[read.module]))
-    for section, cls in VIEW_SECTIONS.items():
+    for section, cls in VIEW_SECTIONS:
         for f in dataclasses.fields(cls):
             if "key" in f.metadata and f.default is not dataclasses.MISSING:
                 words = f.metadata.get("default_words")
-                values[f"{section}.{f.metadata.get('at') or f.name}".lstrip(".")] = f.default if words is None else words
+                key = f"{section}.{f.metadata.get('at') or f.name}".lstrip(".")
+                values[key] = f.default if words is None else _as_value(words, key)
     return values
 
 

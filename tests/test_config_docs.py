@@ -132,9 +132,20 @@ def test_removed_keys_are_documented():
             f"docs/config.md: no deprecated-keys row for the removed key {old}"
 
 
-def test_the_type_column_of_every_number_is_its_declaration():
+def test_a_default_cell_that_states_another_value_is_rewritten_from_the_declaration():
+    from toolkits.config_docs import DOC, rewritten
+
+    text = DOC.read_text(encoding="utf-8")
+    row = next(line for line in text.split("\n") if line.startswith("| `runner.max_steps` |"))
+    stale = row.replace("| 100 |", "| 7 |", 1)
+    assert stale != row
+    fixed, changed = rewritten(text.replace(row, stale))
+    assert changed == ["runner.max_steps"] and fixed == text
+
+
+def test_the_type_and_default_cells_are_the_declarations():
     from toolkits.config_docs import DOC, rewritten
 
     _, differ = rewritten(DOC.read_text(encoding="utf-8"))
-    assert not differ, f"type cells of docs/config.md that differ from the declarations (python -m " \
+    assert not differ, f"cells of docs/config.md that differ from the declarations (python -m " \
                        f"toolkits.config_docs rewrites them): {differ}"

@@ -1,11 +1,14 @@
-"""docs/config.md's type column of every numeric key, written from the key's declaration (``key_declarations.py``).
+"""docs/config.md's type column of every numeric key, and the default column of every key a view's field declares,
+written from the declarations (``key_declarations.py``).
 
     python -m toolkits.config_docs           # rewrite the cells that differ
     python -m toolkits.config_docs --check   # exit 1, naming them, if any differs (tests/test_config_docs.py)
 
 A number's type cell is its kind and its range as the refusal words it (``int >= 1``, ``float in (0, 1]``), so the
-table and the check cannot drift apart; "or null" stays where the row said null has a meaning. The other columns
-(default, meaning, source) are prose and stay as written.
+table and the check cannot drift apart; "or null" stays where the row said null has a meaning. A default cell is
+rewritten where it states another value than the field's default (a computed default: the field's
+``default_words``); a cell stating the same value in other words (``0`` for ``0.0``) stays. The meaning and source
+columns are prose and stay as written.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
+
+import yaml
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
@@ -24,20 +30,53 @@ def type_cell(key, written: str) -> str:
     return cell + " or null" if "null" in written else cell
 
 
+def cell_value(cell: str, path: str):
+    """The value a default cell states (``fp32`` as its dtype name, as the precision fields hold it)."""
+    from rlinf_search.key_declarations import PRECISIONS
+
+    value = yaml.safe_load(cell.replace("`", "").strip() or "null")
+    return PRECISIONS[value] if path.endswith("precision") and value in PRECISIONS else value
+
+
+def default_cell(value) -> str:
+    """A field default as a docs cell: ``true``, ``null``, ``1e-6``, `` `token-mean` ``, `` `[console, jsonl]` ``."""
+    if value is MISSING:
+        return "required"
+    if isinstance(value, (list, tuple)):
+        return f"`[{', '.join(map(str, value))}]`"
+    if isinstance(value, str):
+        return f"`{value}`"
+    return re.sub(r"e([+-])0*(\d)", lambda m: f"e{m.group(1).lstrip('+')}{m.group(2)}", yaml.safe_dump(value).split("\n")[0])
+
+
+def declared_defaults() -> dict[str, str]:
+    """The default cell of every key a view's field declares (``schema.VIEW_SECTIONS``): its ``default_words``, else
+    its default written as a cell."""
+    from rlinf_search.config.schema import VIEW_SECTIONS
+
+    return {f"{section}.{f.metadata.get('at') or f.name}".lstrip("."): f.metadata["default_words"] or default_cell(
+        f.default) for section, cls in VIEW_SECTIONS for f in fields(cls) if "key" in f.metadata}
+
+
 def rewritten(text: str) -> tuple[str, list[str]]:
-    """``text`` with every declared number's type cell from its declaration, and the keys whose cell changed."""
+    """``text`` with every declared number's type cell and every view field's default cell from its declaration, and
+    the keys whose cell changed."""
     from rlinf_search.config.schema import declarations
 
-    declared = {path: key for path, key in declarations().items() if key.numeric}
+    numeric = {path: key for path, key in declarations().items() if key.numeric}
+    defaults = declared_defaults()
     lines, changed = text.split("\n"), []
     for i, line in enumerate(lines):
-        match = re.match(r"^\| `([\w.<>]+)` \|([^|]*)\|", line)
-        if not match or match.group(1) not in declared:
+        match = re.match(r"^\| `([\w.<>]+)` \|([^|]*)\|([^|]*)\|", line)
+        if not match or (match.group(1) not in numeric and match.group(1) not in defaults):
             continue
-        path, written = match.group(1), match.group(2).strip()
-        cell = type_cell(declared[path], written)
-        if cell != written:
-            lines[i] = line.replace(f"| `{path}` |{match.group(2)}|", f"| `{path}` | {cell} |", 1)
+        path, written, default = match.group(1), match.group(2).strip(), match.group(3).strip()
+        cell = type_cell(numeric[path], written) if path in numeric else written
+        if path in defaults and cell_value(default, path) != cell_value(defaults[path], path):
+            default = defaults[path]
+        if (cell, default) != (written, match.group(3).strip()):
+            lines[i] = line.replace(f"| `{path}` |{match.group(2)}|{match.group(3)}|",
+                                    f"| `{path}` | {cell} | {default} |", 1)
             changed.append(path)
     return "\n".join(lines), changed
 
@@ -49,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     text, changed = rewritten(DOC.read_text(encoding="utf-8"))
     if args.check:
         if changed:
-            print(f"docs/config.md: type cells differ from the declarations: {', '.join(changed)}; run "
+            print(f"docs/config.md: cells differ from the declarations: {', '.join(changed)}; run "
                   "python -m toolkits.config_docs")
         return 1 if changed else 0
     DOC.write_text(text, encoding="utf-8")
-    print(f"docs/config.md: {len(changed)} type cells rewritten from the declarations")
+    print(f"docs/config.md: {len(changed)} rows rewritten from the declarations")
     return 0
 
 

@@ -15,9 +15,10 @@ from omegaconf import DictConfig
 
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.config.raw import resolve_raw
-from rlinf_search.config.readers import get, get_int
-from rlinf_search.config.run import RunConfig, group_names, seq_length
-from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys, check_values
+from rlinf_search.config.readers import get, get_int, read_view
+from rlinf_search.config.run import RunConfig, group_names
+from rlinf_search.config.runner import RunnerConfig
+from rlinf_search.config.schema import SCHEMA, check_keys, check_values
 from rlinf_search.config.sections import (
     agent_loop,
     cluster_placement,
@@ -96,22 +97,21 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     raw = resolve_raw(cfg, schema=EVAL_SCHEMA)
     check_keys(raw, EVAL_SCHEMA, "")
     check_values(raw, EVAL_SCHEMA)
-    output_dir = get(raw, "runner.output_dir")
-    if not output_dir:
-        raise ConfigError("runner.output_dir is required")
-    limit = prompt_limit(raw, seq_length=seq_length(raw))
+    runner = read_view(raw, RunnerConfig, "runner", experiment_name=str(get(raw, "runner.experiment_name",
+                                                                             EvalConfig.experiment_name)))
+    limit = prompt_limit(raw, seq_length=runner.seq_length)
     samples = get_int(raw, "algorithm.group_size", EvalConfig.samples_per_prompt)
     sampling = sampling_params(raw)
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
     rollout = rollout_config(raw, sampling, recompute=True)
-    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=seq_length(raw))
+    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
     limit = with_offered_tools(limit, loop)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
     groups = group_names(raw, ("rollout", "reward"))
     return EvalConfig(
-        cluster=cluster, placement=placement, output_dir=str(Path(output_dir)),
-        experiment_name=str(get(raw, "runner.experiment_name", EvalConfig.experiment_name)), rollout=rollout,
+        cluster=cluster, placement=placement, output_dir=str(Path(runner.output_dir)),
+        experiment_name=runner.experiment_name, rollout=rollout,
         rollout_group=groups["rollout"], agent_loop=loop, search=search,
         val_data_paths=data_paths(raw, "data.val_data_paths", required=True), samples_per_prompt=samples,
         seed=get_int(raw, "data.seed", RunConfig.seed), prompt_limit=limit, reward_group=groups["reward"],

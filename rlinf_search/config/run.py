@@ -7,16 +7,16 @@ their own sections of ``RunConfig`` (``ActorConfig``, ``RewardConfig``, ...), ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from omegaconf import DictConfig
 
-from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, estimators_with, traits_of
 from rlinf_search.config.distill import distill_config
 from rlinf_search.config.pipeline import ASYNC_DEFAULTS, async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
-from rlinf_search.config.readers import get, get_bool, get_float, get_int, read_view
+from rlinf_search.config.readers import get, get_bool, get_int, read_view
+from rlinf_search.config.run_config import RunConfig
 from rlinf_search.config.runner import RunnerConfig
 from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys, check_values
 from rlinf_search.config.sections import (
@@ -33,93 +33,15 @@ from rlinf_search.config.sections import (
 )
 from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config
 from rlinf_search.data.prepare import count_records
-from rlinf_search.data.prompt_tokens import PromptLimit
-from rlinf_search.distill.config import DistillConfig
 from rlinf_search.runners.metric_logger import check_backends
-from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement
-from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.inference.config import InferenceConfig
 from rlinf_search.workers.inference.plan import LogprobPlan
-from rlinf_search.workers.reward.config import RewardConfig
-from rlinf_search.workers.rollout.config import RolloutConfig
 
 # Components a training run must place.
 TRAINING_COMPONENTS = ("actor", "rollout", "reward")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunConfig:
-    """Everything a run needs, validated. A field's default is its key's default."""
-
-    cluster: ClusterConfig
-    """``cluster``: nodes, CPU slots, Ray address."""
-    placement: Placement
-    """``cluster.component_placement`` resolved to devices and ranks (actor, rollout and reward are placed)."""
-    runner: RunnerConfig
-    """``runner``: steps, intervals, outputs, logging."""
-    total_steps: int
-    """Training steps the run lasts: ``runner.max_steps``, or fewer when ``runner.max_epochs`` passes over
-    the training prompts end it first (an epoch is ``prompts // rollout_batch_size`` steps)."""
-    actor: ActorConfig
-    """The policy update (``actor`` plus the ``algorithm`` loss keys)."""
-    agent_loop: AgentLoopConfig
-    """``agentloop`` plus sampling and token budgets."""
-    search: SearchToolConfig
-    """``tools.search``."""
-    rollout: RolloutConfig
-    """``rollout``: the engine (hf, vllm), the starting policy's path (also the reference), its memory."""
-    train_data_paths: tuple[str, ...]
-    """Prepared training jsonl files."""
-    val_data_paths: tuple[str, ...]
-    """Prepared validation jsonl files (may be empty)."""
-    rollout_batch_size: int = 1
-    """Prompts per step."""
-    group_size: int = 4
-    """Samples per prompt (RLinf's Search-R1 recipe uses 4)."""
-    adv_type: str = "grpo"
-    """Advantage estimator: a registered name or a dotted path."""
-    recompute_logprobs: bool = True
-    """Recompute old log-probs (actor or InferenceGroup) instead of using the engine's."""
-    inference: InferenceConfig
-    """``inference``: whether an InferenceGroup computes the log-probs apart from the actor, and how."""
-    logprobs: LogprobPlan
-    """Who computes the old and reference log-probs and which groups receive weights (from the three keys
-    above and ``algorithm.kl_beta``); everything that launches, calls or syncs reads this."""
-    shuffle: bool = True
-    """Shuffle the training prompts each epoch."""
-    seed: int = 0
-    """Data order and engine sampling seed."""
-    agent_loop_workers: int = 0
-    """``agentloop.num_workers``: ranks of the AgentLoop group, whose agent loops send each turn to one of the
-    rollout group's engines (token-in/token-out servers) through a router. 0: each rollout rank runs the
-    agent loops of its share itself, on its own engine."""
-    prompt_limit: PromptLimit
-    """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
-    reward: RewardConfig
-    """``reward``: the RewardGroup's own section."""
-    actor_group: str = "ActorGroup"
-    """``actor.group_name``: the name the actor's worker group is launched under (logs, errors)."""
-    rollout_group: str = "RolloutGroup"
-    """``rollout.group_name``: the rollout workers' group, which also runs the agent loop."""
-    reward_group: str = "RewardGroup"
-    """``reward.group_name``: the reward workers' group."""
-    normalize_advantages: bool = True
-    """``algorithm.normalize_advantages``."""
-    gamma: float = 1.0
-    """Discount (REINFORCE++, GAE)."""
-    lam: float = 1.0
-    """GAE lambda."""
-    critic: CriticConfig | None = None
-    """The value model for GAE (``critic`` with ``use_critic_model: true``); None without one."""
-    distill: DistillConfig | None = None
-    """``algorithm.distill``: the teacher and its advantage term; None when the run does not distil."""
-    settings: dict = field(default_factory=dict)
-    """The config as validated (interpolations resolved, RLinf keys mapped): the run's record, saved as
-    ``output_dir/config.yaml`` and handed to W&B and TensorBoard. Workers never read it."""
-
 
 
 def _runner(raw: dict) -> RunnerConfig:
@@ -130,11 +52,6 @@ def _runner(raw: dict) -> RunnerConfig:
         raise ConfigError(str(exc)) from None
     named = get(raw, "runner.logger.experiment_name")
     return runner if named is None else replace(runner, experiment_name=str(named))
-
-
-def seq_length(raw: dict) -> int:
-    """``runner.seq_length``: the prompt + response token budget (an eval reads it too)."""
-    return get_int(raw, "runner.seq_length", RunnerConfig.seq_length)
 
 
 def _total_steps(runner: RunnerConfig, train_paths: tuple[str, ...], batch: int) -> int:
@@ -227,7 +144,6 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     rollout = rollout_config(raw, sampling, recompute=recompute)
     search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
     limit = with_offered_tools(limit, loop)
-    agent_loop_workers = get_int(raw, "agentloop.num_workers", RunConfig.agent_loop_workers)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, TRAINING_COMPONENTS, run="a training run")
     train_paths = data_paths(raw, "data.train_data_paths", required=True)
@@ -252,16 +168,9 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     correction = async_correction(runner.pipeline, written=actor.loss.mismatch_correction, recompute=recompute,
                                   present="mismatch_correction" in get(raw, "algorithm", {}))
     actor = replace(actor, loss=replace(actor.loss, mismatch_correction=correction))
-    return RunConfig(
-        cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
-        agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths,
-        val_data_paths=val_paths, rollout_batch_size=batch, group_size=group_size, adv_type=adv_type,
-        recompute_logprobs=recompute, shuffle=get_bool(raw, "data.shuffle", RunConfig.shuffle),
-        inference=inference, logprobs=logprobs,
-        seed=seed, agent_loop_workers=agent_loop_workers, prompt_limit=limit, reward=reward_config(raw),
-        actor_group=groups["actor"],
-        rollout_group=groups["rollout"], reward_group=groups["reward"],
-        normalize_advantages=get_bool(raw, "algorithm.normalize_advantages", RunConfig.normalize_advantages),
-        gamma=get_float(raw, "algorithm.gamma", RunConfig.gamma), lam=get_float(raw, "algorithm.lam", RunConfig.lam),
-        critic=critic,
+    return read_view(
+        raw, RunConfig, "", cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
+        agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths, val_data_paths=val_paths,
+        inference=inference, logprobs=logprobs, prompt_limit=limit, reward=reward_config(raw), critic=critic,
+        actor_group=groups["actor"], rollout_group=groups["rollout"], reward_group=groups["reward"],
         distill=distill_config(raw, temperature=sampling.temperature), settings=raw)

@@ -67,7 +67,7 @@ class RunnerConfig:
     """Token budget of one micro-batch (forward/backward)."""
     resume_dir: str | None = declared(None, STR)
     """A checkpoint folder to resume from, or ``auto`` for the newest one under ``output_dir``."""
-    log_path: str = declared("", STR, at="logger.log_path", default_words="<output_dir>/logs")
+    log_path: str = declared("", STR, at="logger.log_path", default_words="`<output_dir>/logs`")
     """Where metrics.jsonl and TensorBoard files go (unset: ``<output_dir>/logs``)."""
     logger_backends: tuple[str, ...] = declared(("console", "jsonl"), STRS, at="logger.logger_backends",
                                                 convert=tuple)

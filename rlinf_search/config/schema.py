@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.config.run_config import RunConfig
 from rlinf_search.config.runner import RunnerConfig
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.distill.config import DistillConfig, TeacherConfig
@@ -64,7 +65,7 @@ PIPELINES = ("sync", "overlap", "stream", "async")
 """``runner.pipeline``: how a step's rollout and update overlap (``config/pipeline.py``)."""
 REWARD_TYPES = ("searchr1",)
 """``reward.reward_type``: the one reward family (``reward.score`` picks the variant)."""
-SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), {
+SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), section_tree(RunConfig), {
     "hydra": "*",
     "cluster": "*",  # checked by ClusterConfig.from_dict
     "runner": section_tree(RunnerConfig, also={
@@ -72,25 +73,22 @@ SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), {
         "partial_rollout": BOOL, "logger.experiment_name": STR}),
     # PolicyLossConfig's fields; ActorConfig declares ppo_epochs, n_minibatches, shuffle_rollout and the forward rows
     "algorithm": section_tree(PolicyLossConfig, also={
-        "group_size": Int(ge=1), "recompute_logprobs": BOOL, "ratio_clip_eps": Float(gt=0, lt=1), "adv_type": STR,
-        "normalize_advantages": BOOL, "gamma": Float(ge=0, le=1), "lam": Float(ge=0, le=1), "value_clip": Float(gt=0),
+        "ratio_clip_eps": Float(gt=0, lt=1), "value_clip": Float(gt=0),
         "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"),
                             "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)), "top_p": Float(gt=0, le=1),
                             "max_new_tokens": Int(ge=1)},
         # DistillConfig's declared fields; the teacher is checked by TeacherConfig.from_dict
         "distill.enable": BOOL, **{f"distill.{name}": key for name, key in field_keys(DistillConfig)},
         "distill.teacher": "*"}),
-    "agentloop": {**section_tree(AgentLoopConfig), "num_workers": Int(ge=0)},
+    "agentloop": section_tree(AgentLoopConfig),
     "agent": {"protocol": STR},
     # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
     "tools": "*",
-    "rollout": {"group_name": STR, **section_tree(RolloutConfig)},
+    "rollout": section_tree(RolloutConfig),
     "inference": {"group_name": STR, "load_from_actor": BOOL},
-    "data": {**section_tree(PromptLimit), "rollout_batch_size": Int(ge=1), "shuffle": BOOL, "seed": Int(ge=0),
-             "train_data_paths": STRS, "val_data_paths": STRS},
+    "data": section_tree(PromptLimit, also={"train_data_paths": STRS, "val_data_paths": STRS}),
     # the keys ActorConfig's fields do not declare (they declare theirs from the top: section_tree(ActorConfig) below)
     "actor": {
-        "group_name": STR,
         # read by the megatron backend only: MegatronConfig's fields named in its MODEL_KEYS
         "model": {name: key for name, key in field_keys(MegatronConfig) if name in MEGATRON_MODEL_KEYS},
         "megatron": {"use_hf_ckpt": BOOL,
@@ -98,14 +96,16 @@ SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), {
                      "ckpt_convertor": dict(field_keys(CheckpointConverterConfig))},
         "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL,
         "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
-    "reward": {"group_name": STR, "reward_type": Choice(*REWARD_TYPES), **section_tree(RewardConfig)},
+    "reward": section_tree(RewardConfig, also={"reward_type": Choice(*REWARD_TYPES)}),
     "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0, relation="< the run's steps"),
                "model": {"model_path": STR, "precision": PRECISION},
                "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
 })
-VIEW_SECTIONS = {"": ActorConfig, "algorithm": PolicyLossConfig, "runner": RunnerConfig, "rollout": RolloutConfig, "reward": RewardConfig, "agentloop": AgentLoopConfig, "data": PromptLimit}
-"""Sections read into the typed view a worker is handed (``from_section``): each field declares the key it reads, its
-default and its range, and ``SCHEMA`` takes them from there (``agentloop.num_workers`` sizes the group, and ``data``'s other keys are the data loader's)."""
+VIEW_SECTIONS = (("", ActorConfig), ("", RunConfig), ("algorithm", PolicyLossConfig), ("runner", RunnerConfig),
+                 ("rollout", RolloutConfig), ("reward", RewardConfig), ("agentloop", AgentLoopConfig),
+                 ("data", PromptLimit))
+"""(section, view) of every view read by ``from_section``: each field declares the key it reads (relative to the
+section; "" is the config's top), its default and its range, and ``SCHEMA`` takes them from there."""
 DATACLASS_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig,
                       "algorithm.distill.teacher": TeacherConfig}
 """The open sections of ``SCHEMA`` read into dataclasses whose fields declare their ``Key`` (``declared``)."""

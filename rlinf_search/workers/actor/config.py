@@ -62,9 +62,9 @@ class PolicyLossConfig:
 
     policy_loss: str = declared("ppo", STR, registry=POLICY_LOSSES)
     """``algorithm.policy_loss``: the loss per model token (``POLICY_LOSSES``: a registered name or a dotted path)."""
-    clip_ratio_low: float = declared(0.2, Float(gt=0, lt=1), default_words="ratio_clip_eps, else 0.2")
+    clip_ratio_low: float = declared(0.2, Float(gt=0, lt=1), default_words="`ratio_clip_eps`, else 0.2")
     """PPO clip below 1 (``ratio_clip_eps`` sets both sides when the asymmetric keys are absent)."""
-    clip_ratio_high: float = declared(0.2, Float(gt=0), default_words="ratio_clip_eps, else clip_ratio_low")
+    clip_ratio_high: float = declared(0.2, Float(gt=0), default_words="`ratio_clip_eps`, else `clip_ratio_low`")
     """PPO clip above 1 (DAPO/slime use 0.28)."""
     clip_ratio_c: float | None = declared(3.0, Float(gt=1))
     """Dual-clip constant for negative advantages; None turns it off."""
