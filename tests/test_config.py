@@ -350,3 +350,13 @@ def test_packing_settings_that_cannot_take_effect_say_so_at_start_up(cfg, caplog
         assert lines == []
     else:
         assert len(lines) == 1 and said in lines[0], lines
+
+
+@pytest.mark.parametrize("key, value", [("algorithm.policy_loss", "no_such_loss"), ("reward.score", "no_such_score"),
+                                        ("algorithm.loss_agg_func", "no_such_mean")])
+def test_a_name_no_registry_resolves_is_refused_before_the_data_files_are_looked_at(cfg, key, value):
+    section, name = key.split(".")
+    cfg[section][name] = value
+    cfg.data.train_data_paths = ["/nowhere.jsonl"]
+    with pytest.raises(ConfigError, match=rf"^{key}: unknown '{value}'"):
+        validate_cfg(cfg)

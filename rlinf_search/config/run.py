@@ -31,7 +31,7 @@ from rlinf_search.config.sections import (
     sampling_params,
     with_offered_tools,
 )
-from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config
+from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config, policy_loss
 from rlinf_search.data.prepare import count_records
 from rlinf_search.runners.metric_logger import check_backends
 from rlinf_search.scheduler.placement import Placement
@@ -144,14 +144,17 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     rollout = rollout_config(raw, sampling, recompute=recompute)
     search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
     limit = with_offered_tools(limit, loop)
+    # Names a registry resolves (the loss's, the reward's) are checked before the files and the cluster.
+    loss = policy_loss(raw, max_response_tokens=runner.seq_length - limit.max_prompt_tokens,
+                       temperature=sampling.temperature)
+    reward = reward_config(raw)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, TRAINING_COMPONENTS, run="a training run")
     train_paths = data_paths(raw, "data.train_data_paths", required=True)
     val_paths = data_paths(raw, "data.val_data_paths", required=False)
     total_steps = _total_steps(runner, train_paths, batch)
     seed = get_int(raw, "data.seed", RunConfig.seed)
-    actor = actor_config(raw, model_path=rollout.model_path, max_response_tokens=runner.seq_length - limit.max_prompt_tokens,
-                         temperature=sampling.temperature, run_steps=total_steps, seed=seed)
+    actor = actor_config(raw, model_path=rollout.model_path, loss=loss, run_steps=total_steps, seed=seed)
     inference = _inference(raw, placement, recompute=recompute, actor=actor,
                            group_name=groups["inference"])
     logprobs = LogprobPlan.decide(recompute=recompute, kl=actor.loss.kl_beta > 0, separate=inference.separate)
@@ -171,6 +174,6 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     return read_view(
         raw, RunConfig, "", cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
         agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths, val_data_paths=val_paths,
-        inference=inference, logprobs=logprobs, prompt_limit=limit, reward=reward_config(raw), critic=critic,
+        inference=inference, logprobs=logprobs, prompt_limit=limit, reward=reward, critic=critic,
         actor_group=groups["actor"], rollout_group=groups["rollout"], reward_group=groups["reward"],
         distill=distill_config(raw, temperature=sampling.temperature), settings=raw)

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 CRITIC_BY_DEFAULT = False
 
 
-def _policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
+def policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
     """The ``algorithm`` keys of the loss; ``ratio_clip_eps`` (verl's symmetric clip) fills the clip sides left unset."""
     symmetric = get_float(raw, "algorithm.ratio_clip_eps", None)
     low = get_float(raw, "algorithm.clip_ratio_low", PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
@@ -56,11 +56,9 @@ def _optim(optim: dict, lr_sched: dict, *, total_steps: int, lr: float | None = 
     return OptimConfig(total_steps=total_steps, **settings)
 
 
-def actor_config(raw: dict, *, model_path: str, max_response_tokens: int, temperature: float,
-                 run_steps: int, seed: int) -> ActorConfig:
-    """``actor`` and the ``algorithm`` keys of the policy update; the lr schedule spans ``run_steps`` steps
-    of ``ppo_epochs x n_minibatches`` optimizer steps each. ``seed``: ``data.seed``."""
-    loss = _policy_loss(raw, max_response_tokens=max_response_tokens, temperature=temperature)
+def actor_config(raw: dict, *, model_path: str, loss: PolicyLossConfig, run_steps: int, seed: int) -> ActorConfig:
+    """``actor`` and the ``algorithm`` keys of the policy update (``loss``: ``policy_loss``'s); the lr schedule spans
+    ``run_steps`` steps of ``ppo_epochs x n_minibatches`` optimizer steps each. ``seed``: ``data.seed``."""
     offload = OffloadConfig(weights=get_bool(raw, "actor.offload_weight", OffloadConfig.weights),
                             grads=get_bool(raw, "actor.offload_grad", OffloadConfig.grads),
                             optimizer=get_bool(raw, "actor.offload_optimizer", OffloadConfig.optimizer))
