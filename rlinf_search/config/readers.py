@@ -1,4 +1,5 @@
-"""Readers of the raw config dict: one typed value per dotted key, with the key's path in every error.
+"""Readers of the raw config dict: a section read into its view by the fields' declarations (``read_view``), and one
+typed value per dotted key where a reader combines keys, with the key's path in every error.
 
 Every reader treats an explicit ``null`` as "use the default" (``algorithm.kl_beta: null`` is 0.0). Types and ranges
 are the keys' declarations' (``key_declarations.py``), checked once before any reader runs, so a value of the wrong

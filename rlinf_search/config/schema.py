@@ -1,8 +1,9 @@
 """The accepted keys of the training config (``SCHEMA``), renamed and removed keys, and the key and value checks.
 
-``SCHEMA`` declares each key with the type and range of its value (``key_declarations.py``); each key's default is the
-field default of the typed view it fills (``config/run.py``, ``config/training.py``, ``config/sections.py`` say
-which).
+``SCHEMA`` declares each key with the type and range of its value (``key_declarations.py``). Most keys are declared on
+the field of the view they fill, with their default (``VIEW_SECTIONS``; ``section_tree`` makes their part of the tree);
+the rest are written here, and their defaults are the field defaults of the views their readers fill
+(``config/training.py``, ``config/sections.py`` say which).
 """
 
 from __future__ import annotations
