@@ -142,37 +142,6 @@ def test_hf_engine_against_real_server_and_drift(tiny_model_dir, tokenizer, hotp
         assert model_logprobs and all(math.isnan(lp) for lp in model_logprobs)
 
 
-def test_server_killed_mid_batch_then_restarted(tokenizer, hotpot_index_dir, hotpot_corpus):
-    turns = ["<search> first query </search>", "<search> second query </search>", "<answer> done </answer>"]
-    server_args = ["--index-dir", str(hotpot_index_dir), "--corpus", str(hotpot_corpus), "--retriever", "bm25"]
-    fast_retries = dict(backoff_base_s=0.05, backoff_max_s=0.2, deadline_s=10.0, timeout_s=5.0)
-    records = _records(24)
-
-    async def batch_with_kill(server):
-        tool = build_search_tool(SearchToolConfig(server_addr=server.address, **fast_retries))
-        loop = SearchR1AgentLoop(ScriptedEngine(tokenizer, turns, delay_s=0.3), tool, tokenizer,
-                                 AgentLoopConfig(max_turns=2))
-        rollouts = asyncio.ensure_future(loop.run_batch(records))
-        while tool.metrics.snapshot()["calls"] < len(records):  # every first search has been answered
-            await asyncio.sleep(0.01)
-        server.kill()
-        trajs = await rollouts
-        return trajs, tool.metrics.snapshot()
-
-    with RetrievalServerProcess(server_args) as server:
-        trajs, metrics = asyncio.run(batch_with_kill(server))
-    assert len(trajs) == 24 and all(t.finish_reason == "answer" and t.num_searches == 2 for t in trajs)
-    assert all(t.search_errors == 1 for t in trajs), "the second search of every rollout hit the dead server"
-    assert all("Search failed" in t.response_text for t in trajs)
-    assert metrics["failures"] >= 24
-
-    with RetrievalServerProcess(server_args) as server:
-        tool = build_search_tool(SearchToolConfig(server_addr=server.address, **fast_retries))
-        loop = SearchR1AgentLoop(ScriptedEngine(tokenizer, turns), tool, tokenizer, AgentLoopConfig(max_turns=2))
-        clean = asyncio.run(loop.run_batch(records))
-    assert all(t.search_errors == 0 and "Search failed" not in t.response_text for t in clean)
-
-
 @pytest.mark.parametrize("seeded", [True, False])
 def test_rollout_seeded_decides_who_seeds_each_request(seeded, tiny_model_dir, inprocess_tool_config, monkeypatch):
     """``rollout.seeded`` through the rollout worker and a real HF engine: true gives every request a seed of

@@ -14,6 +14,7 @@ from rlinf_search.config import ConfigError, register_resolvers
 from rlinf_search.config.eval import validate_eval_cfg
 from rlinf_search.runners.eval_main import run_eval
 from rlinf_search.runners.eval_runner import format_table
+from rlinf_search.runners.infra_failures import RunStopped
 from rlinf_search.scheduler.cluster import ClusterError
 
 register_resolvers()
@@ -30,6 +31,9 @@ def main(cfg: DictConfig) -> None:
     except ClusterError as exc:  # the config is sound; this machine cannot run it
         print(f"cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as exc:  # a service failed some questions: a score would be wrong
+        print(f"stopped: {exc}", file=sys.stderr)
+        sys.exit(1)
     print(format_table(report))
     print(f"wrote {path}")
 

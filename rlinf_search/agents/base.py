@@ -118,6 +118,15 @@ class AgentLoop:
         async def group(i: int) -> list[Trajectory]:
             first = i * samples_per_prompt
             done = list(await asyncio.gather(*(bounded(first + j, records[i]) for j in range(samples_per_prompt))))
+            # A service failure is not the model's doing: roll the whole group out again (the same seeds), after a
+            # wait that doubles, so its samples share one baseline; still failing, it goes on marked and is dropped.
+            reruns = 0
+            while any(t.infra_error for t in done) and reruns < self.config.infra_reruns:
+                await asyncio.sleep(self.config.infra_rerun_wait_s * 2 ** reruns)
+                reruns += 1
+                done = list(await asyncio.gather(*(bounded(first + j, records[i]) for j in range(samples_per_prompt))))
+            for traj in done:
+                traj.infra_reruns = reruns
             if on_group is not None:
                 await on_group(i, done)
             return done
@@ -134,6 +143,7 @@ class AgentLoop:
                 await self.generate_step(rollout)
                 if not rollout.done:
                     await self.observe_step(rollout)
+                    self.end_on_infra_error(rollout)
         return self.finish(rollout)
 
     async def run_lockstep(self, records: list[QARecord], samples_per_prompt: int = 1) -> list[Trajectory]:
@@ -142,7 +152,10 @@ class AgentLoop:
         rollouts = [self.start(r) for r in records for _ in range(samples_per_prompt)]
         while active := [r for r in rollouts if not r.done]:
             await asyncio.gather(*(self.generate_step(r) for r in active))
-            await asyncio.gather(*(self.observe_step(r) for r in active if not r.done))
+            observing = [r for r in active if not r.done]
+            await asyncio.gather(*(self.observe_step(r) for r in observing))
+            for r in observing:
+                self.end_on_infra_error(r)
         return [self.finish(r) for r in rollouts]
 
     # ---- what a protocol decides ------------------------------------------------------------------
@@ -168,7 +181,16 @@ class AgentLoop:
         traj.num_searches += len(result.searches)
         traj.queries.extend(result.searches)
         traj.search_errors += result.failed_searches
+        if result.infra_error is not None and traj.infra_error is None:
+            traj.infra_error = result.infra_error
         return result
+
+    @staticmethod
+    def end_on_infra_error(rollout: RolloutState) -> None:
+        """A trajectory whose tool failed for an infrastructure reason will not be trained: generating more of it
+        would only spend the engine."""
+        if rollout.traj.infra_error is not None and not rollout.done:
+            rollout.traj.finish_reason, rollout.done = "infra_error", True
 
     def graded_text(self, traj: Trajectory) -> str:
         """What rewards read: the model's own spans by default (a protocol adds its observations as it shows

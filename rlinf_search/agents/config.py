@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptTokenizer
-from rlinf_search.key_declarations import BOOL, Int, check_fields, declared
+from rlinf_search.key_declarations import BOOL, Float, Int, check_fields, declared
 from rlinf_search.tools.search.config import SearchToolConfig
 
 
@@ -40,6 +40,11 @@ class AgentLoopConfig:
     """Most tokens after the prompt (model and observation tokens together)."""
     topk: int = SearchToolConfig.topk
     """Passages per search."""
+    infra_reruns: int = declared(2, Int(ge=0))
+    """Times a GRPO group is rolled out again when a sample's tool call failed for an infrastructure reason
+    (``Trajectory.infra_error``); a group still failing after them is dropped from the step, never trained."""
+    infra_rerun_wait_s: float = declared(5.0, Float(ge=0))
+    """Wait before a group's first re-run; each later one waits twice as long (the service gets time to return)."""
     retokenize: bool = declared(False, BOOL)
     """Reproduce the reference implementations: decode each turn, cut at the stop tag and re-encode
     it. The ids can then differ from the sampled ones and the engine's log-probs no longer apply."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 
-from rlinf_search.key_declarations import STR, STRS, Int, declared
+from rlinf_search.key_declarations import STR, STRS, Float, Int, declared
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,10 @@ class RunnerConfig:
     rollout_dump: int = declared(0, Int(ge=0))
     """Trajectories of each step written to ``output_dir/rollouts/step_K.jsonl`` (and, when > 0, every
     validation trajectory to ``val_step_K.jsonl``); 0: none."""
+    max_infra_failed_share: float = declared(0.25, Float(ge=0, le=1))
+    """A step whose share of GRPO groups dropped for an infrastructure failure (a search server down after the
+    groups' re-runs, ``agentloop.infra_reruns``) is above this stops the run in one line naming the failure; at or
+    below it, the step trains the rest. 0: any dropped group stops the run."""
     pipeline: PipelineSettings = PipelineSettings("sync")
     """How a step overlaps rollout and training (``config/pipeline.py``): ``runner.pipeline`` (``sync``,
     ``overlap``, ``stream`` or ``async``; unset, ``overlap`` on a disaggregated placement, else ``sync``) with

@@ -115,10 +115,16 @@ class Trajectory:
     """The search queries, in order."""
     search_errors: int = 0
     """Searches whose backend failed (the model saw an error observation)."""
+    infra_error: str | None = None
+    """The first tool failure that was the infrastructure's, not the model's (``ToolResult.infra_error``: a server
+    unreachable, timed out or failing after its retries). The trajectory ended there (``finish_reason``
+    ``infra_error``) and is never trained or scored: its group is rolled out again, or dropped from the step."""
+    infra_reruns: int = 0
+    """Times its group was rolled out again after an infrastructure failure before this sample was kept."""
     num_turns: int = 0
     """Generation calls made."""
     finish_reason: str = ""
-    """``answer``, ``eos``, ``max_turns``, ``max_response_tokens`` or ``length``."""
+    """``answer``, ``eos``, ``max_turns``, ``max_response_tokens``, ``length`` or ``infra_error``."""
     drifted: bool = False
     """Re-tokenizing the decoded text would give other ids than the sampled ones (measured either way)."""
     tool_call_errors: int = 0
@@ -172,6 +178,11 @@ class FinishedGroup:
     """The rollout rank that generated it."""
     trajectories: list[Trajectory]
     """The prompt's ``group_size`` samples, in sample order."""
+
+    @property
+    def infra_error(self) -> str | None:
+        """The first infrastructure failure any of its samples met (after its re-runs); None: trainable."""
+        return next((t.infra_error for t in self.trajectories if t.infra_error is not None), None)
 
     @property
     def oldest_version(self) -> int | None:

@@ -21,13 +21,21 @@ class TransientBackendError(Exception):
         """The exception class or status behind it: ``ConnectError``, ``HTTP 503``."""
 
 
+# The statuses that refuse what a request asked for (its content), not who sent it or where: a search query the
+# server will not take is the caller's doing. 401, 403, 404 and the like say the client is set up wrong.
+_REQUEST_REFUSED = frozenset({400, 413, 414, 422})
+
+
 class FinalBackendError(Exception):
     """A failure retrying cannot fix: a 4xx, a response that is not the expected shape."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, *, request_refused: bool = False):
         super().__init__(reason)
         self.reason = reason
         """Completes ``<service> at X ...``: e.g. ``rejected the request (HTTP 400: ...)``."""
+        self.request_refused = request_refused
+        """The service refused the request's content (HTTP 400, 413, 414, 422): the caller's input was at fault.
+        False for everything that is the service's or the set-up's doing (a malformed answer, 401, 404)."""
 
 
 def one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
@@ -77,7 +85,8 @@ async def post_json(http: httpx.AsyncClient, url: str, payload: dict, *, timeout
     if response.status_code >= 500 or response.status_code == 429:
         raise TransientBackendError("failing", f"HTTP {response.status_code}")
     if response.status_code >= 400:
-        raise FinalBackendError(f"rejected the request (HTTP {response.status_code}: {_refusal_detail(response)})")
+        raise FinalBackendError(f"rejected the request (HTTP {response.status_code}: {_refusal_detail(response)})",
+                                request_refused=response.status_code in _REQUEST_REFUSED)
     try:
         return response.json()
     except ValueError:

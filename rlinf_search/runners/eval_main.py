@@ -15,6 +15,7 @@ from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.eval_runner import EvalReport, score_trajectories, write_report
 from rlinf_search.runners.group_calls import score_shards, shard
+from rlinf_search.runners.infra_failures import refuse_infra_failures
 from rlinf_search.runners.prompt_sets import load_prompt_set, rollout_tokenizer
 from rlinf_search.scheduler import Cluster, wait_all
 from rlinf_search.workers.reward.worker import RewardWorker
@@ -41,6 +42,7 @@ def run_eval(config: EvalConfig) -> tuple[EvalReport, Path]:
         calls = [rollout.call_on(rank, RolloutWorker.rollout, part, config.samples_per_prompt, greedy)
                  for rank, part in enumerate(parts)]
         trajectories = [traj for part in wait_all(calls) for traj in part]
+        refuse_infra_failures(trajectories, what="eval")
         rewards = [score.reward for score in score_shards(reward, trajectories)]
     # Shards are contiguous and each rank keeps its order, so trajectory i belongs to expanded[i].
     expanded = [record for record in records for _ in range(config.samples_per_prompt)]

@@ -23,6 +23,7 @@ from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
 from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
 from rlinf_search.data.prepare import load_records
 from rlinf_search.rewards import compute_score, last_answer
+from rlinf_search.runners.infra_failures import RunStopped, refuse_infra_failures
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine
 
@@ -94,6 +95,7 @@ async def evaluate(model_path: str, records: list[QARecord], tool_config: Search
                    loop_config: AgentLoopConfig) -> tuple[EvalReport, dict[str, float]]:
     """Greedy rollouts of every record against the search tool; (report, rollout metrics)."""
     trajectories = await rollouts(model_path, records, tool_config, loop_config)
+    refuse_infra_failures(trajectories, what="eval")
     return score_trajectories(records, trajectories), rollout_metrics(trajectories)
 
 
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report, _ = asyncio.run(evaluate(args.model, records, SearchToolConfig(server_addr=args.server_addr,
                                                                                topk=args.topk), loop_config))
-    except TemplateWithoutTools as exc:
+    except (TemplateWithoutTools, RunStopped) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 1
     print(format_table(report))

@@ -44,7 +44,7 @@ class DumpedTrajectory:
     em: float
     """Exact match of the last answer."""
     finish_reason: str
-    """``answer``, ``eos``, ``max_turns``, ``max_response_tokens`` or ``length``."""
+    """``answer``, ``eos``, ``max_turns``, ``max_response_tokens``, ``length`` or ``infra_error``."""
     num_turns: int
     """Generation calls."""
 
@@ -78,14 +78,17 @@ def write_dump(output_dir: str | Path, name: str, rows: list[DumpedTrajectory]) 
 
 
 def append_batch_audit(log_path: str | Path, step: int, records: list[QARecord],
-                       trajectories: list[Trajectory]) -> None:
-    """Append the step's prompt uids and a digest of each trajectory's response ids to
+                       trajectories: list[Trajectory], *, dropped: list[str] = ()) -> None:
+    """Append the uids of the prompts the step trained and a digest of each trajectory's response ids to
     ``batches.jsonl``: the data order and what was sampled (a resumed run can be checked against an
-    uninterrupted one)."""
+    uninterrupted one). ``dropped``: uids of the groups left out for an infrastructure failure
+    (``dropped_infra``, written when there are any)."""
     path = Path(log_path) / "batches.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     digests = [hashlib.sha256(json.dumps(t.response_ids).encode()).hexdigest()[:16] for t in trajectories]
     row = {"step": step, "uids": [r.uid for r in records], "responses": digests}
+    if dropped:
+        row["dropped_infra"] = list(dropped)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(row) + "\n")
 

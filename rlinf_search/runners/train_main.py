@@ -13,6 +13,7 @@ from rlinf_search.config import ConfigError, RunConfig
 from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.infra_failures import RunStopped
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import find_resume_point
 from rlinf_search.runners.train_runner import SearchR1Runner
@@ -94,10 +95,6 @@ def save_settings(config: RunConfig) -> Path:
     path = out / "config.yaml"
     OmegaConf.save(OmegaConf.create(config.settings), path)
     return path
-
-
-class RunStopped(RuntimeError):
-    """A worker's process was lost mid-run: the run stops; its last checkpoint stands."""
 
 
 def train(config: RunConfig) -> None:

@@ -18,6 +18,7 @@ from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.progress import progress
 from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.infra_failures import InfraFailureTally, refuse_infra_failures
 from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import restore_run, save_run
@@ -79,8 +80,14 @@ class SearchR1Runner:
         stages, step = self.stages, self.state.global_step + 1
         timer = StepTimer()
         rollout = stages.source.begin(step, timer)
+        infra = InfraFailureTally(step, len(rollout.records), max_share=self.config.runner.max_infra_failed_share)
         prepared: list[PreparedBatch] = []
-        for groups in rollout.batches():
+        for handed in rollout.batches():
+            groups = infra.keep(handed)  # a group a service failed is never scored or trained
+            if rollout.minibatches and len(groups) < len(handed):
+                rollout.minibatches[-1] = [g.index for g in groups]
+            if not groups:
+                continue
             part = stages.prepare(rollout.records, groups, rollout.passes, ends_step=rollout.last_batch)
             stages.update.submit(part.batch, timer, completed_steps=step - 1)
             prepared.append(part)
@@ -88,13 +95,14 @@ class SearchR1Runner:
         source_metrics = rollout.end()
         stages.weights.after_update(step, timer)
 
-        trajectories, scores = _in_prompt_order(prepared, len(rollout.records))
-        append_batch_audit(self.config.runner.log_path, step, rollout.records, trajectories)
+        records, trajectories, scores = _in_prompt_order(prepared, rollout.records)
+        append_batch_audit(self.config.runner.log_path, step, records, trajectories, dropped=infra.dropped_uids)
         if rollout.minibatches:  # a streamed step's mini-batches, in the order the actor trained them
-            append_minibatch_audit(self.config.runner.log_path, step, rollout.minibatches)
-        self._dump(f"step_{step}", rollout.records, trajectories, scores,
+            append_minibatch_audit(self.config.runner.log_path, step, [m for m in rollout.minibatches if m])
+        self._dump(f"step_{step}", records, trajectories, scores,
                    keep=spread(len(trajectories), self.config.runner.rollout_dump))
         metrics = step_metrics(trajectories, scores, trained.actor + trained.critic, timer)
+        metrics.update(infra.metrics())
         metrics.update(staleness_metrics(trajectories, trained_version=step - 1))
         metrics.update(source_metrics)
         metrics.update(self._engine_activity.step())
@@ -126,6 +134,7 @@ class SearchR1Runner:
             return {}
         self.stages.weights.flush()  # overlap: the newest update, once no rollout is in flight
         trajectories = engine_rollout(self.groups, self.val_records, 1, greedy=True, offload=self.stages.source.offload)
+        refuse_infra_failures(trajectories, what=f"validation after step {self.state.global_step}")
         scores = self.stages.prepare.reward(trajectories)
         if self.config.runner.rollout_dump:
             self._dump(f"val_step_{self.state.global_step}", self.val_records, trajectories, scores,
@@ -158,9 +167,11 @@ class SearchR1Runner:
         self.stages.close()
 
 
-def _in_prompt_order(prepared: list[PreparedBatch], prompts: int) -> tuple[list[Trajectory], list[RewardScore]]:
-    """A step's trajectories and rewards in its prompts' order (each prompt's samples consecutive), from its
-    prepared batches of groups in whatever order the groups finished."""
+def _in_prompt_order(prepared: list[PreparedBatch], records: list[QARecord]
+                     ) -> tuple[list[QARecord], list[Trajectory], list[RewardScore]]:
+    """The prompts a step trained, their trajectories and rewards in the prompts' order (each prompt's samples
+    consecutive), from its prepared batches of groups in whatever order the groups finished. A group dropped for
+    an infrastructure failure is in no batch, so its prompt is left out."""
     by_index = {}
     for part in prepared:
         row = 0
@@ -168,5 +179,6 @@ def _in_prompt_order(prepared: list[PreparedBatch], prompts: int) -> tuple[list[
             size = len(group.trajectories)
             by_index[group.index] = (group.trajectories, part.scores[row:row + size])
             row += size
-    return ([t for i in range(prompts) for t in by_index[i][0]],
-            [s for i in range(prompts) for s in by_index[i][1]])
+    order = sorted(by_index)
+    return ([records[i] for i in order], [t for i in order for t in by_index[i][0]],
+            [s for i in order for s in by_index[i][1]])

@@ -86,8 +86,10 @@ class AccessTool:
             if not isinstance(result, list) or len(result) != 1 or not isinstance(result[0], (dict, type(None))):
                 raise FinalBackendError("sent a malformed /access response")
         except (TransientBackendError, FinalBackendError) as exc:
-            return ToolResult(f"Error: the page store at {self.settings.server_addr} {one_line(str(exc))}.",
-                              error="backend", seconds=time.perf_counter() - started)
+            text = f"Error: the page store at {self.settings.server_addr} {one_line(str(exc))}."
+            refused = isinstance(exc, FinalBackendError) and exc.request_refused
+            return ToolResult(text, error="backend", seconds=time.perf_counter() - started,
+                              infra_error=None if refused else text.removeprefix("Error: "))
         page, seconds = result[0], time.perf_counter() - started
         if page is None:
             return ToolResult(f"No page found at {url.strip()}.", error="not_found", seconds=seconds)

@@ -1,7 +1,8 @@
 """What a tool is to an agent loop: a name, an OpenAI function schema, and an async call from arguments to the text
 the model reads. A tool never raises on what the model wrote: arguments it cannot use and services that fail come
 back as a ``ToolResult`` whose ``error`` names the kind (the loop counts them per tool) and whose ``text`` is the
-one-line reason the model reads."""
+one-line reason the model reads. A failure that is the service's, not the model's, also sets ``infra_error``: the
+trajectory is then not trained on (its group is rolled out again or dropped)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ class ToolResult:
     """Queries run against the retriever (the Search-R1 metrics count them: ``num_searches``, ``queries``)."""
     failed_searches: int = 0
     """Of those, the ones whose backend failed."""
+    infra_error: str | None = None
+    """The one-line reason when the call failed for an infrastructure reason (the service unreachable, timed
+    out, failing after its retries; see ``SearchOutcome.infra``), not for what the model asked: the agent loop
+    then ends the trajectory and it is never trained."""
     seconds: float = 0.0
     """Wall time of the call."""
 

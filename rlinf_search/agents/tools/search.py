@@ -53,8 +53,9 @@ class SearchFunctionTool:
         text = blocks[0] if len(blocks) == 1 else "\n\n".join(
             f"Results for {json.dumps(o.query, ensure_ascii=False)}:\n{b}" for o, b in zip(outcomes, blocks))
         failed = sum(o.error is not None for o in outcomes)
+        infra = next((o.error for o in outcomes if o.error is not None and o.infra), None)
         return ToolResult(text, error="backend" if failed else None, searches=list(queries), failed_searches=failed,
-                          seconds=time.perf_counter() - started)
+                          seconds=time.perf_counter() - started, infra_error=infra)
 
     def results_text(self, outcome: SearchOutcome) -> str:
         """One query's passages in Search-R1's layout (``Doc n(Title: t) text``), protocol tags taken out of

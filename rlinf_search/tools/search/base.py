@@ -30,6 +30,11 @@ class SearchOutcome:
     """Passages, best first; empty on error."""
     error: str | None = None
     """One-line reason the search failed (dead server, timeout, bad key); None on success."""
+    infra: bool = False
+    """With ``error``: the service or the set-up failed (unreachable, timed out, 5xx after retries, an answer it
+    could not read, a lost tool rank), not the query. Such a failure is never a training signal: the
+    trajectory that met it is not trained (``Trajectory.infra_error``). False: the query itself was refused
+    (empty, or HTTP 400/413/422), which is the model's doing."""
     from_cache: bool = False
     """Answered from the client's LRU cache."""
     latency_s: float = 0.0

@@ -38,6 +38,8 @@ class _Answer:
 
     hits: list[SearchHit]
     error: str | None = None
+    infra: bool = True
+    """With ``error``: the service failed, not the query (``SearchOutcome.infra``)."""
 
 
 @dataclass
@@ -93,8 +95,8 @@ class SearchClient:
         except TimeoutError:
             answer = _Answer([], f"search backend at {self.backend.target} gave no answer within "
                                  f"the {self.config.deadline_s:g} s deadline")
-        return self._finish(SearchOutcome(query=text, hits=list(answer.hits), error=answer.error),
-                            started, shared=shared)
+        return self._finish(SearchOutcome(query=text, hits=list(answer.hits), error=answer.error,
+                                          infra=answer.error is not None and answer.infra), started, shared=shared)
 
     def _finish(self, outcome: SearchOutcome, started: float, *, shared: bool) -> SearchOutcome:
         outcome.latency_s = asyncio.get_running_loop().time() - started
@@ -157,17 +159,19 @@ class SearchClient:
             self.metrics.record_request(len(queries))
             return await self.backend.fetch(queries, topk, self.config.timeout_s)
 
+        infra = True
         try:
             results = await self._caller.call(attempt, deadline=deadline)
         except CallFailed as failed:
             message = self._failure_message(failed)
+            infra = failed.final is None or not failed.final.request_refused
         else:
             if len(results) == len(queries):
                 return [_Answer(hits) for hits in results]
             message = (f"search backend at {self.backend.target} sent {len(results)} result lists for "
                        f"{len(queries)} queries")
         log.warning("%d quer%s failed: %s", len(queries), "y" if len(queries) == 1 else "ies", message)
-        return [_Answer([], message) for _ in queries]
+        return [_Answer([], message, infra) for _ in queries]
 
     def _failure_message(self, failed: CallFailed) -> str:
         target, attempts, last = self.backend.target, failed.attempts, failed.last

@@ -82,7 +82,7 @@ class SerperBackend:
             body = await post_json(self._http, self._url, {"q": queries[0], "num": topk},
                                    timeout_s=timeout_s, headers=headers)
         except FinalBackendError as exc:
-            raise FinalBackendError(self._redact(exc.reason)) from None
+            raise FinalBackendError(self._redact(exc.reason), request_refused=exc.request_refused) from None
         return [parse_organic(body, topk)]
 
     async def aclose(self) -> None:

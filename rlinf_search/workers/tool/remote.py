@@ -41,7 +41,7 @@ class GroupSearchTool:
             return await self.actors[rank].search.remote(query, topk)
         except RayError as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return SearchOutcome(query=normalise_query(query), latency_s=time.monotonic() - started,
+            return SearchOutcome(query=normalise_query(query), latency_s=time.monotonic() - started, infra=True,
                                  error=f"search tool rank {rank} failed: {type(exc).__name__}: {reason}")
 
     async def aclose(self) -> None:
