@@ -138,7 +138,8 @@ def save_checkpoint(ckpt_dir: Path, state: RunnerState, *, model, tokenizer, tra
     return final
 
 
-def _is_usable(folder: Path) -> bool:
+def is_usable_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` is a whole checkpoint: sealed, its runner and training states readable, weights present."""
     if not (folder / COMPLETE_MARK).is_file():
         return False
     try:
@@ -173,7 +174,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
         if suffix.isdigit():
             steps.append((int(suffix), folder))
     for _, folder in sorted(steps, reverse=True):
-        if _is_usable(folder):
+        if is_usable_checkpoint(folder):
             return folder
         log.warning("skipping unusable checkpoint %s", folder)
     return None

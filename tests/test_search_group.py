@@ -45,7 +45,7 @@ class SearchCaller(Worker):
                           data_source="hotpotqa", question=question)
         traj = asyncio.run(loop.run(record))
         return {"searches": traj.num_searches, "search_errors": traj.search_errors, "text": traj.response_text,
-                "finish": traj.finish_reason}
+                "finish": traj.finish_reason, "infra_error": traj.infra_error}
 
 
 def test_a_query_always_goes_to_the_same_rank():
@@ -93,12 +93,14 @@ def test_two_callers_share_one_cache_and_the_agent_loop_searches_through_it(two_
         assert (traj["searches"], traj["search_errors"], traj["finish"]) == (1, 0, "answer")
         assert "<information>" in traj["text"] and "Lilu" in traj["text"]
 
-        # A tool rank killed: its queries come back as error observations; the trajectory still ends.
+        # A tool rank killed: its queries come back as error outcomes, never exceptions; the trajectory ends there,
+        # marked as an infrastructure failure (the step re-runs or drops its group, never trains it).
         dead = tool_rank("Lilu demon", 2)
         ray.kill(actors[dead], no_restart=True)
         traj = callers.call_on(0, SearchCaller.scripted_rollout, actors, str(tiny_model_dir),
                                "What is Lilu?", "Lilu demon").wait(timeout=120)
-        assert (traj["searches"], traj["search_errors"], traj["finish"]) == (1, 1, "answer")
+        assert (traj["searches"], traj["search_errors"], traj["finish"]) == (1, 1, "infra_error")
+        assert traj["infra_error"].startswith(f"search tool rank {dead} failed: ")
         alive = [q for q in QUERIES if tool_rank(q, 2) != dead]
         answers = callers.call_on(0, SearchCaller.search_all, actors, [*alive, "Lilu demon"]).wait(timeout=60)
         assert [a["error"] for a in answers[:-1]] == [None] * len(alive)

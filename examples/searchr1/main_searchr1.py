@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from rlinf_search.config import ConfigError, register_resolvers, validate_cfg
 from rlinf_search.distill.scorer import TeacherDown, TeacherVocabularyMismatch
+from rlinf_search.runners.preflight import PreflightFailed
 from rlinf_search.runners.train_main import RunStopped, train
 from rlinf_search.scheduler.cluster import ClusterError
 from rlinf_search.workers.actor.backends import BackendUnavailable
@@ -27,7 +28,8 @@ def main(cfg: DictConfig) -> None:
     except (ConfigError, TeacherVocabularyMismatch) as exc:  # before any training (the teacher is asked first)
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except (BackendUnavailable, ClusterError) as exc:  # the config is sound; this machine cannot run it
+    except (BackendUnavailable, ClusterError, PreflightFailed) as exc:  # the config is sound; this machine or a
+        # service it needs cannot run it now
         print(f"cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
     except (TeacherDown, RunStopped) as exc:  # the last checkpoint stands; resume once the cause is gone

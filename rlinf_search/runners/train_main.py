@@ -14,6 +14,7 @@ from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.group_calls import Groups
 from rlinf_search.runners.infra_failures import RunStopped
+from rlinf_search.runners.preflight import check_before_start
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import find_resume_point
 from rlinf_search.runners.train_runner import SearchR1Runner
@@ -98,6 +99,7 @@ def save_settings(config: RunConfig) -> Path:
 
 
 def train(config: RunConfig) -> None:
+    check_before_start(config)  # paths, model, template, checkpoint and services: one line each, no worker yet
     resume = find_resume_point(config.runner)
     prompts = read_prompts(config)
     save_settings(config)
