@@ -121,3 +121,21 @@ def test_bad_arguments_fail_with_one_line(tmp_path, example_corpus, capsys):
                              "--index-type", "NotAnIndex"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("build_index:") and len(err.splitlines()) == 1
+
+
+def test_duplicate_passage_ids_are_refused_in_one_line(tmp_path, example_corpus, capsys):
+    """Two different passages that would both answer as one id: the build stops before writing any index."""
+    rows = example_corpus.read_text().splitlines()
+    clash = json.loads(rows[4])
+    clash["id"] = json.loads(rows[1]).get("id", json.loads(rows[1]).get("_id"))
+    clash.pop("_id", None)
+    corpus = tmp_path / "dup.jsonl"
+    corpus.write_text("\n".join(rows[:7] + [json.dumps(clash)] + rows[7:]) + "\n")
+    out = tmp_path / "index"
+    assert build_index_main(["--corpus", str(corpus), "--out", str(out), "--retriever", "bm25"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("build_index: ")
+    assert f"rows 1 and 7 share the id {clash['id']!r}" in err, err
+    assert not (out / "bm25").exists()
+    # The corpus as shipped has none.
+    assert build_index_main(["--corpus", str(example_corpus), "--out", str(out), "--retriever", "bm25"]) == 0

@@ -50,6 +50,7 @@ def build(args: argparse.Namespace) -> list[str]:
     """Run the build the arguments describe; return the names of the indexes written."""
     out = Path(args.out)
     corpus = CorpusStore(args.corpus)
+    corpus.check_unique_ids()
     if args.from_faiss:
         encoder_spec(args.retriever)  # fails early on an unknown family
         adopt_faiss_index(Path(args.from_faiss), corpus, out / args.retriever,
