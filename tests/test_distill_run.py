@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -59,12 +60,25 @@ def test_a_teacher_equal_to_the_student_gives_zero_kl_on_every_model_token(tmp_p
 @pytest.mark.heavy  # over a minute on 2 cores; CI runs it (scripts/test.sh --all)
 def test_a_teacher_that_stays_down_stops_the_run_in_one_line_after_its_window(tmp_path, synth, server,  # noqa: F811
                                                                                tiny_model_dir):
-    cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, "http://127.0.0.1:9/v1",
+    """The teacher answers the check before start-up, then dies before the first step (a teacher down from the start
+    is refused before any worker starts: tests/test_infra_run.py)."""
+    teacher, address = start_teacher(tiny_model_dir, tmp_path)
+    cfg = _distill_config(tmp_path, synth, server, tiny_model_dir, f"http://{address}/v1",
                           **{"runner.max_steps": 3, "algorithm.distill.failure_window_steps": 2})
     cfg.hydra = {"run": {"dir": str(tmp_path / "hydra")}, "output_subdir": None}
     OmegaConf.save(cfg, tmp_path / "distill.yaml")
-    result = subprocess.run([sys.executable, "examples/searchr1/main_searchr1.py", "--config-path", str(tmp_path),
-                             "--config-name", "distill"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    run = subprocess.Popen([sys.executable, "examples/searchr1/main_searchr1.py", "--config-path", str(tmp_path),
+                            "--config-name", "distill"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           cwd=ROOT)
+    # The run writes its settings after the checks and before the cluster starts: the teacher dies then.
+    settings = tmp_path / "run" / "config.yaml"
+    deadline = time.monotonic() + 300
+    while not settings.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    teacher.kill()
+    teacher.wait()
+    stdout, stderr = run.communicate(timeout=900)
+    result = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("stopped: algorithm.distill: the teacher gave no signal for 8 of 8 trajectories over "

@@ -40,10 +40,17 @@ def test_batches_that_finished_out_of_order_come_back_in_prompt_order():
         return PreparedBatch(groups=groups, batch=collate_trajectories(rows, [s.reward for s in scores], pad_id=0),
                              scores=scores)
 
-    trajectories, scores = _in_prompt_order([prepared([3, 0]), prepared([2]), prepared([4, 1])], prompts=5)
+    records = [f"record {p}" for p in range(5)]
+    kept, trajectories, scores = _in_prompt_order([prepared([3, 0]), prepared([2]), prepared([4, 1])], records)
+    assert kept == records
     assert [t.uid for t in trajectories] == [f"q{p}" for p in range(5) for _ in range(2)]
     assert [t.response_ids[0] for t in trajectories] == [10, 11] * 5, "samples stay in sample order"
     assert [s.reward for s in scores] == [float(p) for p in range(5) for _ in range(2)], "each score its own row"
+    # A group dropped for an infrastructure failure is in no batch: its prompt is left out, the rest keep their order.
+    kept, trajectories, scores = _in_prompt_order([prepared([3, 0]), prepared([4, 1])], records)
+    assert kept == ["record 0", "record 1", "record 3", "record 4"]
+    assert [t.uid for t in trajectories] == [f"q{p}" for p in (0, 1, 3, 4) for _ in range(2)]
+    assert [s.reward for s in scores] == [float(p) for p in (0, 1, 3, 4) for _ in range(2)]
 
 
 def test_staleness_counts_each_model_token_by_the_version_of_its_turn():

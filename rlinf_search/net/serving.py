@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +35,58 @@ def validation_message(exc: ValidationError) -> str:
     return f"invalid request field '{where}': {first.get('msg', 'invalid value')}"
 
 
-async def read_body(request: Request, model: type[BaseModel], max_bytes: int) -> BaseModel:
-    """Parse the body as JSON whatever its content type (curl -d sends form-encoded), within a size cap."""
+class ClientGone(Exception):
+    """The client closed the connection before its request was read: nobody to answer, and not the server's fault
+    (counted apart from errors, never logged with a traceback)."""
+
+
+# A body that trickles in slower than this is dropped (408), so a slow client cannot hold a connection forever.
+BODY_TIMEOUT_S = 30.0
+# A \uD800-\uDFFF escape in the raw body: the only way a lone surrogate gets into a decoded string.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+async def read_body(request: Request, model: type[BaseModel], max_bytes: int, *,
+                    timeout_s: float = BODY_TIMEOUT_S) -> BaseModel:
+    """Parse the body as JSON whatever its content type (curl -d sends form-encoded), within a size cap and a time
+    limit. Whatever the bytes, the outcome is the model, a ``ClientError`` (4xx) or ``ClientGone``."""
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise ClientError(413, f"request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
     try:
-        payload = json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ClientError(400, "request body is not valid JSON") from None
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ClientError(413, f"request body exceeds the limit of {max_bytes} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ClientError(408, f"request body not received within {timeout_s:g} s") from None
+    except ClientDisconnect:
+        raise ClientGone() from None
+    raw = b"".join(chunks)
+    try:
+        payload = json.loads(raw)
+    except RecursionError:
+        raise ClientError(400, "request body is nested too deeply") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer past Python's digit limit
+        reason = "" if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)) else f" ({exc})"
+        raise ClientError(400, f"request body is not valid JSON{reason}") from None
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(payload):
+        raise ClientError(400, "request body holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape); "
+                               "send valid Unicode")
     if not isinstance(payload, dict):
         raise ClientError(400, f"request body must be a JSON object, got {type(payload).__name__}")
     try:

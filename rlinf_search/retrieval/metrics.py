@@ -22,6 +22,8 @@ class ServerMetrics:
         self.queries = 0
         self.client_errors = 0
         self.server_errors = 0
+        self.client_disconnects = 0
+        """Requests whose client closed the connection before the body was read (neither side's error)."""
         self.batches = 0
         self.batch_sizes: Counter[int] = Counter()
         self.search_busy_s = 0.0
@@ -51,6 +53,10 @@ class ServerMetrics:
             else:
                 self.client_errors += 1
 
+    def record_disconnect(self) -> None:
+        with self._lock:
+            self.client_disconnects += 1
+
     def snapshot(self) -> dict:
         with self._lock:
             latencies = np.asarray(self._latencies_ms, dtype=np.float64)
@@ -62,6 +68,7 @@ class ServerMetrics:
                 "queries": self.queries,
                 "client_errors": self.client_errors,
                 "server_errors": self.server_errors,
+                "client_disconnects": self.client_disconnects,
                 "batches": self.batches,
                 "mean_batch_size": round(total_batched / self.batches, 3) if self.batches else 0.0,
                 "batch_size_histogram": {str(k): v for k, v in sizes.items()},

@@ -9,7 +9,9 @@ with a 4xx and a one-line reason; the server keeps serving.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -20,11 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlinf_search.net.serving import ClientError, bind_socket, read_body, serve_forever
+from rlinf_search.net.serving import (
+    BODY_TIMEOUT_S,
+    ClientError,
+    ClientGone,
+    bind_socket,
+    read_body,
+    serve_forever,
+)
 from rlinf_search.retrieval.batcher import DynamicBatcher, PerRequestSearch
 from rlinf_search.retrieval.corpus import CorpusStore
 from rlinf_search.retrieval.manifest import IndexMismatchError
@@ -51,6 +60,16 @@ class ServerLimits:
     """Largest request body accepted."""
     max_urls: int = 256
     """Most URLs in one ``/access`` request."""
+    body_timeout_s: float = BODY_TIMEOUT_S
+    """A request body not received within this many seconds gets 408 and the connection is freed."""
+    max_passages: int = 8192
+    """Most passages in one response (queries x topk): 1,024 queries at topk 100 made a 28.8 MB response whose
+    formatting held every other request (``/health`` included) for 2.5 s."""
+
+
+# Responses with more passages than this are formatted on a worker thread, so the event loop keeps serving; small
+# ones are formatted inline, where a thread hop would cost more than the work.
+_INLINE_PASSAGES = 256
 
 
 class RetrieveRequest(BaseModel):
@@ -67,6 +86,13 @@ class AccessRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     urls: list[StrictStr]
+
+
+def _render_result(corpus: CorpusStore, rows, scores, return_scores: bool) -> bytes:
+    """The ``/retrieve`` response body, encoded (a response, not a dict: FastAPI would walk every passage through
+    ``jsonable_encoder`` first)."""
+    return json.dumps({"result": _format_hits(corpus, rows, scores, return_scores)}, ensure_ascii=False,
+                      separators=(",", ":")).encode("utf-8")
 
 
 def _format_hits(corpus: CorpusStore, rows, scores, return_scores: bool) -> list[list]:
@@ -128,6 +154,11 @@ def create_app(corpus: CorpusStore, retriever: Retriever, *, limits: ServerLimit
     async def _client_error(_request: Request, exc: ClientError):
         return refuse(exc.status, exc.message)
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_request: Request, _exc: ClientGone):
+        metrics.record_disconnect()
+        return Response(status_code=499)  # never delivered: the connection is closed
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException):
         return refuse(exc.status_code, str(exc.detail))
@@ -142,7 +173,7 @@ def create_app(corpus: CorpusStore, retriever: Retriever, *, limits: ServerLimit
     @app.post("/retrieve")
     async def retrieve(request: Request):
         started = time.perf_counter()
-        body = await read_body(request, RetrieveRequest, limits.max_body_bytes)
+        body = await read_body(request, RetrieveRequest, limits.max_body_bytes, timeout_s=limits.body_timeout_s)
         topk = limits.default_topk if body.topk is None else body.topk
         if not body.queries:
             raise ClientError(400, "'queries' is empty: send at least one query string")
@@ -153,17 +184,23 @@ def create_app(corpus: CorpusStore, retriever: Retriever, *, limits: ServerLimit
         longest = max(len(q) for q in body.queries)
         if longest > limits.max_query_chars:
             raise ClientError(413, f"a query of {longest} characters exceeds the limit of {limits.max_query_chars}")
+        passages = len(body.queries) * topk
+        if passages > limits.max_passages:
+            raise ClientError(413, f"{len(body.queries)} queries x topk {topk} = {passages} passages in one response; "
+                                   f"the limit is {limits.max_passages}: send fewer queries per request")
         rows, scores = await searcher.search(body.queries, topk)
-        result = _format_hits(corpus, rows, scores, body.return_scores)
+        if passages > _INLINE_PASSAGES:
+            content = await asyncio.to_thread(_render_result, corpus, rows, scores, body.return_scores)
+        else:
+            content = _render_result(corpus, rows, scores, body.return_scores)
         metrics.record_request(len(body.queries), time.perf_counter() - started)
-        # A response, not a dict: FastAPI would walk every passage through jsonable_encoder first.
-        return JSONResponse({"result": result})
+        return Response(content, media_type="application/json")
 
     @app.post("/access")
     async def access(request: Request):
         if pages is None:
             raise ClientError(404, "this server has no page store; start it with --pages FILE")
-        body = await read_body(request, AccessRequest, limits.max_body_bytes)
+        body = await read_body(request, AccessRequest, limits.max_body_bytes, timeout_s=limits.body_timeout_s)
         if not body.urls:
             raise ClientError(400, "'urls' is empty: send at least one URL")
         if len(body.urls) > limits.max_urls:
@@ -193,6 +230,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="encoder model dir (default: as recorded at build)")
     parser.add_argument("--topk", type=int, default=3, help="passages per query when a request gives none")
     parser.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask for")
+    parser.add_argument("--body-timeout-s", type=float, default=BODY_TIMEOUT_S,
+                        help="a request body not received within this many seconds gets 408")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --save-address-to)")
     parser.add_argument("--faiss-gpu", action="store_true", help="put the faiss index on all visible GPUs")
@@ -249,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, IndexMismatchError, ValueError, OSError) as exc:
         print(f"retrieval server: {exc}", file=sys.stderr)
         return 1
-    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk)
+    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, body_timeout_s=args.body_timeout_s)
     app = create_app(corpus, retriever, limits=limits, batching=not args.no_batching,
                      batch_window_s=args.batch_window_ms / 1000.0, max_batch=args.max_batch,
                      **threads, pages=pages)

@@ -23,16 +23,19 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from rlinf_search.distill.config import MAX_TOP_K
-from rlinf_search.net.serving import ClientError, read_body
+from rlinf_search.net.serving import ClientError, ClientGone, read_body
 from rlinf_search.serve.completion_model import CompletionModel
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# A text prompt longer than this many characters per token of the model's context cannot fit: refused before it is
+# tokenized (a 15 MB prompt took 23 s to tokenize).
+_MAX_CHARS_PER_TOKEN = 64
 
 
 class CompletionRequest(BaseModel):
@@ -42,10 +45,10 @@ class CompletionRequest(BaseModel):
     model: StrictStr
     prompt: StrictStr | list[StrictInt]
     max_tokens: StrictInt = Field(default=16, ge=0)
-    temperature: float = Field(default=1.0, ge=0)
+    temperature: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_K)
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what a torch generator takes
     return_tokens_as_token_ids: StrictBool = False
     """vLLM's extension: ``top_logprobs`` keys are ``token_id:<id>`` instead of token text (text can be
     ambiguous; ids are what a same-tokenizer client needs)."""
@@ -61,6 +64,10 @@ def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
     async def _client_error(_request: Request, exc: ClientError):
         return JSONResponse({"error": {"message": exc.message, "type": "invalid_request_error"}},
                             status_code=exc.status)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_request: Request, _exc: ClientGone):
+        return Response(status_code=499)  # never delivered: the connection is closed
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception):
@@ -80,7 +87,12 @@ def create_app(model: CompletionModel, *, served_name: str) -> FastAPI:
         body = await read_body(request, CompletionRequest, MAX_BODY_BYTES)
         if body.model != served_name:
             raise ClientError(404, f"model {body.model!r} is not served here; this server serves {served_name!r}")
-        ids = list(body.prompt) if isinstance(body.prompt, list) else model.encode(body.prompt, special_tokens=True)
+        if isinstance(body.prompt, str) and len(body.prompt) > model.max_length * _MAX_CHARS_PER_TOKEN:
+            raise ClientError(400, f"prompt of {len(body.prompt)} characters cannot fit the model's "
+                                   f"{model.max_length} tokens")
+        # Tokenized on a thread of its own: a long prompt must not stop /health or other requests being read.
+        ids = list(body.prompt) if isinstance(body.prompt, list) else await asyncio.to_thread(
+            model.encode, body.prompt, special_tokens=True)
         if not ids:
             raise ClientError(400, "prompt is empty")
         if any(not 0 <= token < vocab for token in ids):

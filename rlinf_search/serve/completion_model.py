@@ -30,6 +30,10 @@ class ScoredText:
     """The decoded sequence."""
 
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily (as vLLM does): dividing the logits by 1e-300 overflows to inf."""
+
+
 class CompletionModel:
     """One model and its tokenizer; calls are serialised by the server (one forward at a time)."""
 
@@ -66,7 +70,7 @@ class CompletionModel:
 
     @torch.no_grad()
     def sample(self, ids: list[int], *, max_tokens: int, temperature: float, seed: int | None) -> list[int]:
-        """Up to ``max_tokens`` new tokens after ``ids`` (greedy at temperature 0), stopping at EOS."""
+        """Up to ``max_tokens`` new tokens after ``ids`` (greedy below ``GREEDY_BELOW``), stopping at EOS."""
         if max_tokens == 0:
             return []
         generator = torch.Generator(device=self.device)
@@ -77,7 +81,7 @@ class CompletionModel:
             result = self.model(input_ids=sequence if past is None else sequence[:, -1:],
                                 **cache_kwargs(self.model, past), use_cache=True)
             past, logits = returned_cache(result), result.logits[0, -1].float()
-            if temperature == 0:
+            if temperature < GREEDY_BELOW:
                 token = int(logits.argmax())
             else:
                 probs = torch.softmax(logits / temperature, dim=-1)
