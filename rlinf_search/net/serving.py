@@ -23,16 +23,21 @@ log = logging.getLogger(__name__)
 class ClientError(Exception):
     """A request the server understood and refuses; becomes a 4xx with ``message``."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, *, param: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
+        """The request field at fault, when one is (OpenAI's error body names it)."""
+
+
+def _error_field(exc: ValidationError) -> str:
+    return ".".join(str(p) for p in exc.errors()[0].get("loc", ())) or "body"
 
 
 def validation_message(exc: ValidationError) -> str:
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-    return f"invalid request field '{where}': {first.get('msg', 'invalid value')}"
+    return f"invalid request field '{_error_field(exc)}': {first.get('msg', 'invalid value')}"
 
 
 class ClientGone(Exception):
@@ -92,7 +97,7 @@ async def read_body(request: Request, model: type[BaseModel], max_bytes: int, *,
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        raise ClientError(400, validation_message(exc)) from None
+        raise ClientError(400, validation_message(exc), param=_error_field(exc)) from None
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

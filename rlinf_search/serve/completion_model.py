@@ -6,12 +6,25 @@ API (``examples/searchr1/start_teacher_server.sh``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_search.workers.rollout.hf_cache import cache_kwargs, returned_cache
+
+
+@dataclass
+class SampledToken:
+    """One generated token."""
+
+    id: int
+    """The token id."""
+    logprob: float
+    """Its log-prob under the model's own distribution (temperature 1), as vLLM reports it."""
+    top: list[tuple[int, float]]
+    """The most likely (id, log-prob) at its position, when asked for; else empty."""
 
 
 @dataclass
@@ -43,6 +56,10 @@ class CompletionModel:
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 32768))
+        ends = getattr(self.model.generation_config, "eos_token_id", None) or self.tokenizer.eos_token_id
+        self.end_ids = frozenset(ends if isinstance(ends, list) else [ends]) - {None}
+        """Tokens that end a generation: the generation config's end tokens (Qwen's ``<|im_end|>`` and
+        ``<|endoftext|>``), else the tokenizer's EOS."""
 
     def encode(self, text: str, *, special_tokens: bool = False) -> list[int]:
         """``text``'s ids; ``special_tokens``: with the tokenizer's own (a BOS), as vLLM encodes a text prompt."""
@@ -68,14 +85,19 @@ class CompletionModel:
                             in zip(indices.tolist(), values.tolist())]
         return [None] + chosen.tolist(), top
 
-    @torch.no_grad()
     def sample(self, ids: list[int], *, max_tokens: int, temperature: float, seed: int | None) -> list[int]:
         """Up to ``max_tokens`` new tokens after ``ids`` (greedy below ``GREEDY_BELOW``), stopping at EOS."""
-        if max_tokens == 0:
-            return []
+        return [t.id for t in self.generate(ids, max_tokens=max_tokens, temperature=temperature, seed=seed)]
+
+    @torch.no_grad()
+    def generate(self, ids: list[int], *, max_tokens: int, temperature: float, seed: int | None,
+                 top_logprobs: int = 0, ignore_eos: bool = False) -> Iterator[SampledToken]:
+        """The new tokens after ``ids`` one at a time, as they are sampled (greedy below ``GREEDY_BELOW``), until
+        ``max_tokens`` or an end token (unless ``ignore_eos``). The caller stops it early by no longer iterating
+        (a client gone, a stop string): nothing runs between two tokens it did not ask for."""
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed if seed is not None else torch.seed())
-        out, sequence = [], torch.tensor([ids], device=self.device)
+        sequence = torch.tensor([ids], device=self.device)
         past = None
         for _ in range(max_tokens):
             result = self.model(input_ids=sequence if past is None else sequence[:, -1:],
@@ -86,11 +108,16 @@ class CompletionModel:
             else:
                 probs = torch.softmax(logits / temperature, dim=-1)
                 token = int(torch.multinomial(probs, 1, generator=generator))
-            out.append(token)
-            if token == self.tokenizer.eos_token_id:
-                break
+            # The model's own distribution, whatever the temperature (as vLLM reports log-probs).
+            logprobs = torch.log_softmax(logits, dim=-1)
+            top = []
+            if top_logprobs > 0:
+                values, indices = logprobs.topk(min(top_logprobs, logprobs.shape[-1]))
+                top = list(zip(indices.tolist(), values.tolist()))
+            yield SampledToken(id=token, logprob=float(logprobs[token]), top=top)
+            if token in self.end_ids and not ignore_eos:
+                return
             sequence = torch.cat([sequence, torch.tensor([[token]], device=self.device)], dim=1)
-        return out
 
     def describe(self, ids: list[int], logprobs: list[float | None]) -> ScoredText:
         """Tokens as text and their character offsets in the decoded sequence (a token whose bytes
