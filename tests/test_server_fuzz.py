@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlinf_search.retrieval.launch import RetrievalServerProcess
-from tests.test_teacher_server import start_teacher
+from tests.test_teacher_server import teacher as completions  # noqa: F401 - the served tiny model, a fixture
 
 # Any JSON value, small: what a confused client might put in any field.
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
@@ -62,14 +62,6 @@ def retrieval(hotpot_index_dir, hotpot_corpus):
             "--body-timeout-s", "1"]
     with RetrievalServerProcess(args) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def completions(tiny_model_dir, tmp_path_factory):
-    process, address = start_teacher(tiny_model_dir, tmp_path_factory.mktemp("serve"))
-    yield address
-    process.kill()
-    process.wait()
 
 
 @pytest.fixture(scope="module")
