@@ -133,6 +133,27 @@ def test_real_server_results_coalescing_and_cache(bm25_server):
     assert snapshot["calls"] == 41 and snapshot["failures"] == 0 and snapshot["latency_ms_p99"] > 0
 
 
+def test_a_query_the_server_refuses_fails_alone_in_a_coalesced_request(bm25_server):
+    """A query over the server's 4,096 characters refuses the whole batched request (413): the client asks for each
+    query alone, so the others get their passages and only the long one fails, as the model's (not infrastructure)."""
+    queries = hotpot_queries(6)
+    long_query = "lilu " * 1000
+
+    async def run():
+        client = build_search_tool(config(server_addr=bm25_server.address, coalesce_window_s=0.05))
+        outcomes = await asyncio.gather(*(client.search(q) for q in [*queries[:3], long_query, *queries[3:]]))
+        snapshot = client.metrics.snapshot()
+        await client.aclose()
+        return outcomes, snapshot
+
+    outcomes, snapshot = asyncio.run(run())
+    refused = outcomes.pop(3)
+    assert "HTTP 413" in refused.error and not refused.infra
+    for outcome, expected in zip(outcomes, direct_post(bm25_server.url, queries), strict=True):
+        assert_same_hits(outcome, expected)
+    assert snapshot["requests"] == 1 + 7, "one coalesced request, then each query alone"
+
+
 def test_inprocess_backend_matches_server(bm25_server, hotpot_index_dir, hotpot_corpus):
     queries = hotpot_queries(8)
 
@@ -190,6 +211,7 @@ def test_closed_port_fails_every_call_within_deadline():
     outcomes, elapsed, snapshot = asyncio.run(run())
     assert elapsed < 3.0
     assert {o.error for o in outcomes} == {f"search backend unreachable at {address} after 3 attempts (ConnectError)"}
+    assert all(o.infra for o in outcomes), "a dead server is the infrastructure's failure, never the model's"
     assert snapshot["failures"] == 8 and snapshot["retries"] == 2 and snapshot["requests"] == 3
 
 
@@ -236,6 +258,7 @@ def test_400_is_final():
 
     outcome, snapshot, _ = run_against(refuse, max_retries=3)
     assert outcome.error.endswith("rejected the request (HTTP 400: 'topk' must be between 1 and 100)")
+    assert not outcome.infra, "a refused query is the model's"
     assert snapshot["requests"] == 1 and snapshot["retries"] == 0 and snapshot["failures"] == 1
 
 

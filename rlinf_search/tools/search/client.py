@@ -163,8 +163,13 @@ class SearchClient:
         try:
             results = await self._caller.call(attempt, deadline=deadline)
         except CallFailed as failed:
+            refused = failed.final is not None and failed.final.request_refused
+            if refused and len(queries) > 1:
+                # One query the server will not take (too long, say) refuses the whole coalesced request: ask for
+                # each alone, so only the model that wrote it sees the refusal and the others get their passages.
+                return await self._one_by_one(queries, topk, deadline)
             message = self._failure_message(failed)
-            infra = failed.final is None or not failed.final.request_refused
+            infra = not refused
         else:
             if len(results) == len(queries):
                 return [_Answer(hits) for hits in results]
@@ -172,6 +177,10 @@ class SearchClient:
                        f"{len(queries)} queries")
         log.warning("%d quer%s failed: %s", len(queries), "y" if len(queries) == 1 else "ies", message)
         return [_Answer([], message, infra) for _ in queries]
+
+    async def _one_by_one(self, queries: list[str], topk: int, deadline: float) -> list[_Answer]:
+        answers = await asyncio.gather(*(self._request_with_retries([q], topk, deadline) for q in queries))
+        return [answer for [answer] in answers]
 
     def _failure_message(self, failed: CallFailed) -> str:
         target, attempts, last = self.backend.target, failed.attempts, failed.last
