@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from rlinf_search.config import validate_cfg
 from rlinf_search.retrieval.launch import RetrievalServerProcess

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
+from rlinf_search.data.io_struct import RewardScore, Trajectory
 from rlinf_search.scheduler import WorkerGroup, wait_all
 from rlinf_search.scheduler.worker_group import Method
 from rlinf_search.workers.reward.worker import RewardWorker
@@ -58,18 +58,6 @@ def shard(items: list, parts: int) -> list[list]:
 def call_each(group: WorkerGroup, method: Method, per_rank_args: list[tuple]) -> list:
     """Call ``method`` on every rank with that rank's own arguments; results in rank order."""
     return wait_all([group.call_on(rank, method, *args) for rank, args in enumerate(per_rank_args)])
-
-
-def launch_rollout(rollout: WorkerGroup, records: list[QARecord], samples: int, *, greedy: bool = False) -> list:
-    """Start each rollout rank on its contiguous share of ``records``; the calls to wait on."""
-    parts = shard(records, rollout.world_size)
-    return [rollout.call_on(rank, RolloutWorker.rollout, part, samples, greedy) for rank, part in enumerate(parts)]
-
-
-def collect_rollout(calls: list) -> list[Trajectory]:
-    """The trajectories of ``launch_rollout``'s calls, in the order of the records (each rank keeps its
-    share's order, and the shares are contiguous)."""
-    return [traj for part in wait_all(calls) for traj in part]
 
 
 def score_shards(reward: WorkerGroup, trajectories: list[Trajectory]) -> list[RewardScore]:

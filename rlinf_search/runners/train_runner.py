@@ -19,6 +19,7 @@ from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.progress import progress
 from rlinf_search.runners.group_calls import Groups
 from rlinf_search.runners.infra_failures import InfraFailureTally, refuse_infra_failures
+from rlinf_search.runners.rank_restarts import RankRestarts
 from rlinf_search.runners.metric_logger import MetricLogger
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import restore_run, save_run
@@ -70,8 +71,10 @@ class SearchR1Runner:
                                    settings=config.settings)
         receivers = {"rollout": groups.engine_group, "inference": groups.inference}
         self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers])
+        self.restarts = RankRestarts(groups, lambda: self.weight_sync, max_restarts=config.cluster.max_restarts)
         self.stages = build_stages(config, groups, self.stream, self.weight_sync, restored=restored,
-                                   first_step=self.state.global_step + 1, last_step=self.total_steps)
+                                   first_step=self.state.global_step + 1, last_step=self.total_steps,
+                                   restarts=self.restarts)
         self._engine_activity = EngineActivityMeter(groups.engine_group, groups.engine_worker.engine_activity)
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
 
@@ -103,6 +106,7 @@ class SearchR1Runner:
                    keep=spread(len(trajectories), self.config.runner.rollout_dump))
         metrics = step_metrics(trajectories, scores, trained.actor + trained.critic, timer)
         metrics.update(infra.metrics())
+        metrics.update(self.restarts.metrics())
         metrics.update(staleness_metrics(trajectories, trained_version=step - 1))
         metrics.update(source_metrics)
         metrics.update(self._engine_activity.step())
@@ -133,7 +137,8 @@ class SearchR1Runner:
         if not self.val_records:
             return {}
         self.stages.weights.flush()  # overlap: the newest update, once no rollout is in flight
-        trajectories = engine_rollout(self.groups, self.val_records, 1, greedy=True, offload=self.stages.source.offload)
+        trajectories = engine_rollout(self.groups, self.val_records, 1, greedy=True, offload=self.stages.source.offload,
+                                      restarts=self.restarts)
         refuse_infra_failures(trajectories, what=f"validation after step {self.state.global_step}")
         scores = self.stages.prepare.reward(trajectories)
         if self.config.runner.rollout_dump:

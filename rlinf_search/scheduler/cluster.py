@@ -89,6 +89,11 @@ class Cluster:
         """Pins an actor or task to a node (hard: a dead node is an error, not a silent move)."""
         return NodeAffinitySchedulingStrategy(self.nodes[node_rank].node_id, soft=False)
 
+    def node_alive(self, node_rank: int) -> bool:
+        """Whether Ray still counts the node among the living (a machine gone is not, after its heartbeats stop)."""
+        node_id = self.nodes[node_rank].node_id
+        return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+
     def node_address(self, node_rank: int) -> str:
         return LOOPBACK if self.embedded else self.nodes[node_rank].ip
 

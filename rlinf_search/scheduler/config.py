@@ -47,6 +47,10 @@ class ClusterConfig:
     num_cpus: int | None = declared(None, Int(ge=1))
     """CPUs the embedded Ray may use (``None``: every core). Workers take none of them (see
     docs/runtime.md); this bounds plain Ray tasks. Only for the embedded Ray."""
+    max_restarts: int = declared(3, Int(ge=0))
+    """Rollout ranks the runtime may start again after their process was lost mid-step (a new process on the same
+    device, given the current weights; the lost ranks' rollouts run again), over the whole run. One more loss stops
+    the run in one line. 0: any lost rank stops the run."""
     node_groups: Mapping[str, NodeGroupConfig] = field(default_factory=dict)
     """Named node sets for heterogeneous clusters, e.g. ``{a10: {nodes: [0]}, h100: {nodes: 1-2}}``;
     a component's ``node_group`` picks one, and its device ids then count within that group."""

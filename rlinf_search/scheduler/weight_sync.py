@@ -38,7 +38,8 @@ class WeightSync:
         self._sender = sender
         self._receivers = list(receivers)
         self._timeout_s = timeout_s
-        self._id = f"{sender.name}->{','.join(g.name for g in self._receivers)}:{uuid.uuid4().hex[:8]}"
+        self._bucket_bytes = bucket_bytes
+        self._id = self._new_id()
         self.method = self._choose(method)
         """The transport in use: ``object_store``, ``cuda_ipc`` or ``broadcast``."""
         self.version: int | None = None
@@ -55,16 +56,30 @@ class WeightSync:
         """Send the sender's ``get_weights()`` to every receiver's ``set_weight_buckets(buckets, version)``."""
         self.start(version).wait()
 
-    def start(self, version: int) -> PendingSync:
+    def start(self, version: int, *, again: bool = False) -> PendingSync:
         """``sync`` without waiting: the calls are sent and the sender's later calls queue behind its send, so a
         caller can go on using the sender while receivers load (an engine that first lets its requests in flight
-        finish, for one). ``wait()`` on the result before the next ``start``."""
-        if self.version is not None and version <= self.version:
+        finish, for one). ``wait()`` on the result before the next ``start``. ``again``: the last version once more
+        (``reopen``)."""
+        if self.version is not None and version <= self.version and not (again and version == self.version):
             raise ValueError(f"weight sync {self._id}: version {version} does not advance past {self.version}")
         # Every sender rank joins: with sharded weights, gathering them is a collective (rank 0 sends).
         calls = [self._sender.call("_weight_sync_send", self._id, version)]
         calls += [group.call("_weight_sync_receive", self._id) for group in self._receivers]
         return PendingSync(self, version, calls)
+
+    def reopen(self) -> None:
+        """After a receiver rank was started again (a new process, no transport): tear every transport down, open them
+        anew (a broadcast group cannot take a new member) and send the last version every receiver loaded again, so
+        the new rank holds the weights the others do. Before any sync the new rank already holds them (the model)."""
+        self.close()
+        self._id = self._new_id()
+        self._open(self._bucket_bytes)
+        if self.version is not None:
+            self.start(self.version, again=True).wait()
+
+    def _new_id(self) -> str:
+        return f"{self._sender.name}->{','.join(g.name for g in self._receivers)}:{uuid.uuid4().hex[:8]}"
 
     def _loaded(self, version: int, results: list) -> None:
         loaded = {v for versions in results[1:] for v in versions}

@@ -150,6 +150,8 @@ class WorkerGroup:
         """Where each rank runs, once launched."""
         self.cluster: Cluster | None = None
         """The cluster it was launched on."""
+        self._options: dict[str, Any] = {}
+        self._common_env: dict[str, str] = {}
 
     @property
     def world_size(self) -> int:
@@ -215,6 +217,17 @@ class WorkerGroup:
             raise AttributeError(f"group '{self.name}' runs {self._cls.__name__}, which has no method {owner}")
         return name
 
+    def restart(self, rank: int) -> GroupCall:
+        """Start ``rank`` again in a new process on its device, with the arguments it was launched with (its old
+        process is killed if it still runs); ``wait()`` on the result until it is constructed. Handles to the old
+        rank held elsewhere do not follow: the caller hands the new ``actors[rank]`` on. Not for ranks joined in a
+        process group (the others would hang)."""
+        if not 0 <= rank < self.world_size:
+            raise IndexError(f"group '{self.name}' has ranks 0-{self.world_size - 1}, not {rank}")
+        ray.kill(self._actors[rank], no_restart=True)
+        self._actors[rank] = self._start_actor(self.cluster, self.placement.ranks[rank])
+        return self._call([rank], "__ray_ready__", (), {}, single=True, label="__init__")
+
     def shutdown(self) -> None:
         """Kill every rank (their processes exit; pending calls fail with ``WorkerError``)."""
         for actor in self._actors:
@@ -227,21 +240,22 @@ class WorkerGroup:
 
     def _start_actors(self, cluster: Cluster, placement: ComponentPlacement, max_concurrency: int | None) -> None:
         master = placement.ranks[0].node_rank
-        common = {"WORLD_SIZE": str(placement.world_size), "RLINF_GROUP_NAME": self.name,
-                  "MASTER_ADDR": cluster.node_address(master), "MASTER_PORT": str(cluster.free_port(master))}
-        options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0}
+        self._common_env = {"WORLD_SIZE": str(placement.world_size), "RLINF_GROUP_NAME": self.name,
+                            "MASTER_ADDR": cluster.node_address(master), "MASTER_PORT": str(cluster.free_port(master))}
+        self._options = {"num_cpus": 0, "num_gpus": 0}
         if max_concurrency is not None:
-            options["max_concurrency"] = max_concurrency
-        remote_cls = ray.remote(self._cls)
+            self._options["max_concurrency"] = max_concurrency
         for spot in placement.ranks:
-            env = {**common, "RANK": str(spot.rank), "LOCAL_RANK": str(spot.local_rank),
-                   "LOCAL_WORLD_SIZE": str(spot.local_world_size),
-                   **cluster.device_env(spot.node_rank, spot.device)}
-            # The environment is set when Ray starts the process, before any import reads it
-            # (CUDA_VISIBLE_DEVICES before torch.cuda, OMP_NUM_THREADS before torch).
-            actor = remote_cls.options(scheduling_strategy=cluster.node_strategy(spot.node_rank),
-                                       runtime_env={"env_vars": env}, **options)
-            self._actors.append(actor.remote(*self._init_args, **self._init_kwargs))
+            self._actors.append(self._start_actor(cluster, spot))
+
+    def _start_actor(self, cluster: Cluster, spot) -> ActorHandle:
+        env = {**self._common_env, "RANK": str(spot.rank), "LOCAL_RANK": str(spot.local_rank),
+               "LOCAL_WORLD_SIZE": str(spot.local_world_size), **cluster.device_env(spot.node_rank, spot.device)}
+        # The environment is set when Ray starts the process, before any import reads it
+        # (CUDA_VISIBLE_DEVICES before torch.cuda, OMP_NUM_THREADS before torch).
+        actor = ray.remote(self._cls).options(scheduling_strategy=cluster.node_strategy(spot.node_rank),
+                                              runtime_env={"env_vars": env}, **self._options)
+        return actor.remote(*self._init_args, **self._init_kwargs)
 
     def _call(self, ranks: Sequence[int], method: str, args: tuple, kwargs: dict, *, single: bool,
               label: str | None = None) -> GroupCall:

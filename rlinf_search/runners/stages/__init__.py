@@ -20,6 +20,7 @@ from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.distill.scorer import open_teacher
 from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.rank_restarts import RankRestarts
 from rlinf_search.runners.stages.passes import AdvantageStage, LogprobStage, RewardStage, ValueStage
 from rlinf_search.runners.stages.prepare import BatchPreparation, PreparedBatch
 from rlinf_search.runners.stages.async_rollout import AsyncRollout
@@ -57,9 +58,11 @@ class StepStages:
 
 
 def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weight_sync: WeightSync, *,
-                 first_step: int, last_step: int, restored: list[list[Trajectory]] | None = None) -> StepStages:
+                 first_step: int, last_step: int, restored: list[list[Trajectory]] | None = None,
+                 restarts: RankRestarts | None = None) -> StepStages:
     """The run's stages; ``prompts`` already at the run's data position; ``first_step``/``last_step``: the next
-    step to run and the last; ``restored``: the rollouts a checkpoint kept for later steps (``async``, ``overlap``)."""
+    step to run and the last; ``restored``: the rollouts a checkpoint kept for later steps (``async``, ``overlap``);
+    ``restarts``: lost rollout ranks started again (the ``sync`` rollout)."""
     pipeline = config.runner.pipeline
     weights = WeightSyncStage(weight_sync, deferred=pipeline.ahead and not pipeline.partial_rollout,
                               background=pipeline.ahead and pipeline.partial_rollout)
@@ -73,7 +76,7 @@ def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weigh
     else:
         # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
         shared = set(groups.engine_group.placement.devices) & set(groups.actor.placement.devices)
-        source = CollocatedRollout(groups, prompts, config.group_size, offload=bool(shared))
+        source = CollocatedRollout(groups, prompts, config.group_size, offload=bool(shared), restarts=restarts)
     teacher = open_teacher(config.distill, student_model=config.rollout.model_path) if config.distill else None
     prepare = BatchPreparation(reward=RewardStage(groups.reward), logprobs=LogprobStage(config.logprobs, groups),
                                values=ValueStage.build(config, groups), advantages=AdvantageStage.build(config),

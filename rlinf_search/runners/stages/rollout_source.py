@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 
 from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
-from rlinf_search.runners.group_calls import Groups, collect_rollout, launch_rollout, shard
+from rlinf_search.runners.group_calls import Groups, shard
+from rlinf_search.runners.rank_restarts import RankRestarts, rollout_with_restarts
 from rlinf_search.runners.step_metrics import StepTimer
 from rlinf_search.scheduler import GroupCall, wait_all
 from rlinf_search.scheduler.channel import Channel
@@ -32,12 +33,13 @@ POLL_S = 0.5
 
 
 def engine_rollout(groups: Groups, records: list[QARecord], samples: int, *, greedy: bool = False,
-                   offload: bool) -> list[Trajectory]:
+                   offload: bool, restarts: RankRestarts | None = None) -> list[Trajectory]:
     """Roll out ``records`` now, in their order (each prompt's samples consecutive). ``offload``: the engines
-    share the actor's devices, so they onload for the rollout and offload after it (a no-op on CPU)."""
+    share the actor's devices, so they onload for the rollout and offload after it (a no-op on CPU).
+    ``restarts``: a rank whose process is lost is started again and its share rolls out again (``rank_restarts.py``)."""
     if offload:
         groups.engine_group.call(groups.engine_worker.onload).wait()
-    trajectories = collect_rollout(launch_rollout(groups.rollout, records, samples, greedy=greedy))
+    trajectories = rollout_with_restarts(groups, records, samples, restarts, greedy=greedy)
     if offload:
         groups.engine_group.call(groups.engine_worker.offload).wait()
     return trajectories
@@ -45,7 +47,7 @@ def engine_rollout(groups: Groups, records: list[QARecord], samples: int, *, gre
 
 def as_groups(trajectories: list[Trajectory], samples: int, ranks: int) -> list[FinishedGroup]:
     """A whole rollout (prompt order, ``samples`` per prompt) cut into its groups; each group's rank is the one
-    whose contiguous share of the prompts held it (``launch_rollout``'s shares)."""
+    whose contiguous share of the prompts held it (``rollout_with_restarts``'s shares)."""
     prompts = len(trajectories) // samples
     owner = {i: rank for rank, part in enumerate(shard(list(range(prompts)), ranks)) for i in part}
     return [FinishedGroup(index=i, rank=owner[i], trajectories=trajectories[i * samples:(i + 1) * samples])
@@ -88,8 +90,11 @@ class DrainedRollout(StepRollout):
 class CollocatedRollout:
     """``sync``: roll out the step's prompts now, then hand them all on."""
 
-    def __init__(self, groups: Groups, prompts: PromptStream, group_size: int, *, offload: bool):
+    def __init__(self, groups: Groups, prompts: PromptStream, group_size: int, *, offload: bool,
+                 restarts: RankRestarts | None = None):
         self.groups, self.prompts, self.group_size, self.offload = groups, prompts, group_size, offload
+        self.restarts = restarts
+        """Lost rollout ranks started again (``sync`` only); None: a lost rank stops the run."""
         self.trained_position = (prompts.epoch, prompts.batch_in_epoch)
         """The data position after the prompts of the step handed out last (what a checkpoint keeps)."""
 
@@ -97,7 +102,8 @@ class CollocatedRollout:
         records = self.prompts.next_batch()
         self.trained_position = (self.prompts.epoch, self.prompts.batch_in_epoch)
         with timer.phase("rollout"):
-            trajectories = engine_rollout(self.groups, records, self.group_size, offload=self.offload)
+            trajectories = engine_rollout(self.groups, records, self.group_size, offload=self.offload,
+                                          restarts=self.restarts)
         return DrainedRollout(records, trajectories, timer, ranks=self.groups.rollout.world_size)
 
     @property

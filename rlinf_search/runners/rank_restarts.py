@@ -1,0 +1,108 @@
+"""Rollout ranks that come back: a rank whose process is lost mid-rollout is started again on its device, handed the
+current weights and the SearchTool group, and its share of the prompts rolls out again, so the step trains its
+full batch and no trajectory twice (the lost rank's trajectories never reached the driver).
+
+Covered: the ``sync`` pipeline's rollout and validation, with the agent loops on the rollout ranks
+(``agentloop.num_workers: 0``). A rank lost in a ``stream`` or ``async`` step, an engine server, a tool, actor or
+reward rank still stops the run in one line, resumable from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from rlinf_search.data.io_struct import QARecord, Trajectory
+from rlinf_search.runners.group_calls import Groups, shard
+from rlinf_search.runners.infra_failures import RunStopped
+from rlinf_search.scheduler import GroupCall, WeightSync, WorkerError
+from rlinf_search.workers.rollout.worker import RolloutWorker
+
+log = logging.getLogger(__name__)
+
+RESTART_READY_S = 600.0
+"""Longest a restarted rank may take to construct (load its model) on a node that is alive."""
+_READY_POLL_S = 1.0
+
+
+class RankRestarts:
+    """Starts lost rollout ranks again, at most ``max_restarts`` times over the run."""
+
+    def __init__(self, groups: Groups, weight_sync: Callable[[], WeightSync], *, max_restarts: int):
+        """``weight_sync``: the run's weight sync (made after the groups, so asked for when needed)."""
+        self.groups, self.weight_sync, self.max_restarts = groups, weight_sync, max_restarts
+        self.count = 0
+        """Ranks started again so far."""
+
+    @property
+    def covers(self) -> bool:
+        """Whether lost rollout ranks can be started again in this run's layout (agent loops on the rollout ranks)."""
+        return self.groups.engines is None and self.max_restarts > 0
+
+    def recover(self, error: WorkerError) -> None:
+        """Start ``error``'s rank again, or raise ``RunStopped`` when it was no process loss or the budget is spent."""
+        if not error.process_lost or not self.covers:
+            raise error
+        if self.count >= self.max_restarts:
+            raise RunStopped(f"{error.group} rank {error.rank} was lost during {error.method}() ({error.cause_type}) "
+                             f"after {self.count} rank restart{'s' if self.count != 1 else ''}, the most "
+                             "cluster.max_restarts allows; find why ranks die, then resume from the last checkpoint "
+                             "with runner.resume_dir=auto") from None
+        self.count += 1
+        log.warning("%s rank %d was lost during %s() (%s); starting it again (restart %d of at most %d)",
+                    error.group, error.rank, error.method, error.cause_type, self.count, self.max_restarts)
+        rollout = self.groups.rollout
+        try:
+            self._wait_ready(rollout.restart(error.rank), rollout.placement.ranks[error.rank].node_rank)
+        except (WorkerError, TimeoutError) as exc:
+            reason = str(exc).strip().splitlines()[0][:200]
+            raise RunStopped(f"{error.group} rank {error.rank} was lost during {error.method}() ({error.cause_type}) "
+                             f"and could not be started again ({reason}); resume from the last checkpoint with "
+                             "runner.resume_dir=auto") from None
+        if self.groups.search is not None:
+            rollout.call_on(error.rank, RolloutWorker.use_search_group, list(self.groups.search.actors)).wait()
+        self.weight_sync().reopen()  # the new process holds the model's weights until it is given the current ones
+
+    def _wait_ready(self, ready: GroupCall, node_rank: int) -> None:
+        """Until the new rank is constructed; a rank whose machine is gone will never be: fail as soon as Ray says so
+        (a model can take minutes to load, so waiting out a time limit would hold a dead run that long)."""
+        cluster = self.groups.rollout.cluster
+        deadline = time.monotonic() + RESTART_READY_S
+        while True:
+            try:
+                ready.wait(timeout=_READY_POLL_S)
+                return
+            except TimeoutError:
+                if not cluster.node_alive(node_rank):
+                    raise TimeoutError(f"node {node_rank} is gone") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not constructed within {RESTART_READY_S:g} s") from None
+
+    def metrics(self) -> dict[str, float]:
+        return {"runtime/restarts": float(self.count)}
+
+
+def rollout_with_restarts(groups: Groups, records: list[QARecord], samples: int, restarts: RankRestarts | None, *,
+                          greedy: bool = False) -> list[Trajectory]:
+    """Each rollout rank rolls out its contiguous share of ``records`` (in their order); a rank whose process is lost
+    is started again and its share rolls out again, once every other rank has finished."""
+    rollout = groups.rollout
+    parts = shard(records, rollout.world_size)
+    results: list[list[Trajectory] | None] = [None] * len(parts)
+    pending = list(range(len(parts)))
+    while pending:
+        calls: dict[int, GroupCall] = {rank: rollout.call_on(rank, RolloutWorker.rollout, parts[rank], samples, greedy)
+                                       for rank in pending}
+        lost: list[WorkerError] = []
+        for rank, call in calls.items():
+            try:
+                results[rank] = call.wait()
+            except WorkerError as error:
+                if restarts is None or not error.process_lost:
+                    raise
+                lost.append(error)
+        for error in lost:
+            restarts.recover(error)
+        pending = [error.rank for error in lost]
+    return [traj for part in results for traj in part]
