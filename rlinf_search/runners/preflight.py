@@ -31,11 +31,21 @@ class PreflightFailed(RuntimeError):
 
 def check_before_start(config: RunConfig) -> None:
     """Every check, local ones first; raises ``PreflightFailed`` on the first that fails."""
+    check_files(config)
+    check_services(config)
+
+
+def check_files(config: RunConfig) -> None:
+    """What is on this machine: the output folder, the model, its template, the checkpoint to resume from."""
     check_writable(config.runner.output_dir, key="runner.output_dir")
     model_path = config.rollout.model_path
     check_model_dir(model_path, key="rollout.model.model_path")
     check_chat_template(model_path, config)
     check_resume_dir(config)
+
+
+def check_services(config: RunConfig) -> None:
+    """What the run calls over the network: every retrieval server or replica, and the teacher."""
     if config.search.backend == "local":
         for addr in config.search.server_addrs:
             check_answers(f"http://{addr}/health", key="tools.search.server_addr",

@@ -14,7 +14,7 @@ from rlinf_search.data.prompt_tokens import PromptTooLong
 from rlinf_search.data.readers import PrepareError
 from rlinf_search.runners.group_calls import Groups
 from rlinf_search.runners.infra_failures import RunStopped
-from rlinf_search.runners.preflight import check_before_start
+from rlinf_search.runners.preflight import check_files, check_services
 from rlinf_search.runners.prompt_sets import RunPrompts, load_run_prompts
 from rlinf_search.runners.resume import find_resume_point
 from rlinf_search.runners.train_runner import SearchR1Runner
@@ -99,9 +99,10 @@ def save_settings(config: RunConfig) -> Path:
 
 
 def train(config: RunConfig) -> None:
-    check_before_start(config)  # paths, model, template, checkpoint and services: one line each, no worker yet
+    check_files(config)  # output folder, model, template, checkpoint: one line each, before any worker
     resume = find_resume_point(config.runner)
-    prompts = read_prompts(config)
+    prompts = read_prompts(config)  # a config error in the data is reported before a service that is down
+    check_services(config)  # every retrieval server and the teacher answer
     save_settings(config)
     with Cluster(config.cluster) as cluster:
         groups = launch_groups(config, cluster, resume)
