@@ -10,7 +10,7 @@ one line: the last checkpoint stands, and no update has been made on the failure
 
 from __future__ import annotations
 
-from rlinf_search.data.io_struct import FinishedGroup
+from rlinf_search.data.io_struct import FinishedGroup, Trajectory
 
 
 class RunStopped(RuntimeError):
@@ -58,7 +58,7 @@ class InfraFailureTally:
         return [g.trajectories[0].uid for g in self.dropped if g.trajectories]
 
 
-def refuse_infra_failures(trajectories: list, *, what: str) -> None:
+def refuse_infra_failures(trajectories: list[Trajectory], *, what: str) -> None:
     """An evaluation's score means nothing when a service failed some of its questions: raise ``RunStopped``
     naming how many and the first failure (``what``: the scored set, for the message)."""
     failed = [t for t in trajectories if t.infra_error is not None]

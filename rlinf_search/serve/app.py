@@ -43,7 +43,7 @@ API_KEY_ENV = "RLINF_SERVE_API_KEY"
 _MAX_CHARS_PER_TOKEN = 64
 # How often a generation whose client waits for the whole answer checks that the client is still there.
 _DISCONNECT_POLL_S = 0.1
-_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 408: "timeout_error", 413: "invalid_request_error"}
+_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 408: "timeout_error"}  # else invalid_request_error
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
