@@ -130,8 +130,10 @@ def test_a_killed_rollout_rank_stops_an_async_run_and_it_resumes_with_its_versio
     flight; the step-1 checkpoint kept step 2's batch (already rolled out, by version 0); the same command resumes
     from it, trains that batch once as step 2 (its versions as sampled), re-admits step 3, and the engines
     continue from version 1."""
+    # cluster.max_restarts 0: the lost rank stops the run (tests/test_rank_restarts.py has it started again).
     cfg = _async_config(tmp_path, synth, server, tiny_model_dir, **{"runner.resume_dir": "auto",
-                                                                     "runner.save_interval": 1})
+                                                                     "runner.save_interval": 1,
+                                                                     "cluster.max_restarts": 0})
     process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _wait_for_checkpoint(tmp_path / "run", 1, process)

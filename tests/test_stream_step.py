@@ -130,8 +130,10 @@ def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp
     the order of training differs), also when an AgentLoop group sends the turns to engine servers. The rank
     that runs agent loops (a rollout rank, or an agent-loop rank) killed mid-step stops the run with one line
     naming it; the same command resumes from the last checkpoint, and every step is trained once."""
+    # cluster.max_restarts 0: a lost rank stops the run (tests/test_rank_restarts.py has it started again).
     cut = _stream_config(tmp_path / "cut", synth, server, tiny_model_dir, **{
-        "runner.max_steps": 3, "runner.resume_dir": "auto", "agentloop.num_workers": agent_loop_workers})
+        "runner.max_steps": 3, "runner.resume_dir": "auto", "agentloop.num_workers": agent_loop_workers,
+        "cluster.max_restarts": 0})
     process = subprocess.Popen(_command(cut, tmp_path / "cut"), cwd=ROOT, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _wait_for_checkpoint(tmp_path / "cut" / "run", 1, process)
@@ -194,7 +196,11 @@ def _wait_for_checkpoint(run_dir: Path, step: int, process: subprocess.Popen) ->
     deadline = time.monotonic() + 600
     while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert mark.exists(), f"the run should reach its step-{step} checkpoint"
+    if not mark.exists():
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate(timeout=60)
+        raise AssertionError(f"the run should reach its step-{step} checkpoint; it ended with:\n{stderr[-3000:]}")
 
 
 def _rank_pid(session: int, title: str) -> int:

@@ -2,9 +2,13 @@
 current weights and the SearchTool group, and its share of the prompts rolls out again, so the step trains its
 full batch and no trajectory twice (the lost rank's trajectories never reached the driver).
 
-Covered: the ``sync`` pipeline's rollout and validation, with the agent loops on the rollout ranks
-(``agentloop.num_workers: 0``). A rank lost in a ``stream`` or ``async`` step, an engine server, a tool, actor or
-reward rank still stops the run in one line, resumable from its last checkpoint.
+Covered, with the agent loops on the rollout ranks (``agentloop.num_workers: 0``): the ``sync`` pipeline's rollout
+and validation (the lost rank's share rolls out again), ``stream`` and ``async`` (only the lost rank's groups that
+never arrived roll out again, of the step and of every batch admitted ahead: ``StreamedStep.roll_out_lost_share``,
+``AsyncRollout._recover``). Not covered, each still stopping the run in one line, resumable from its last
+checkpoint: a rank lost during a blocking weight sync or a checkpoint's save, ``overlap`` (every batch is held to one
+version, which a rank given the newest weights would break), engine servers and agent-loop ranks
+(``agentloop.num_workers`` >= 1), tool, actor and reward ranks.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class RankRestarts:
         self.groups, self.weight_sync, self.max_restarts = groups, weight_sync, max_restarts
         self.count = 0
         """Ranks started again so far."""
+        self.groups_rolled_again = 0
+        """GRPO groups rolled out again because the rank rolling them out was lost (never one that arrived)."""
 
     @property
     def covers(self) -> bool:
@@ -79,8 +85,17 @@ class RankRestarts:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not constructed within {RESTART_READY_S:g} s") from None
 
+    def rolled_again(self, groups: int, where: str) -> None:
+        """Count ``groups`` rolled out again on a rank started again; ``where``: which steps' groups, for the log."""
+        self.groups_rolled_again += groups
+        if not groups:
+            log.warning("no GRPO group was in flight on the lost rank")
+            return
+        log.warning("rolling out again the %d GRPO group%s that were in flight on the lost rank (%s)", groups,
+                    "s" if groups != 1 else "", where)
+
     def metrics(self) -> dict[str, float]:
-        return {"runtime/restarts": float(self.count)}
+        return {"runtime/restarts": float(self.count), "runtime/groups_rolled_again": float(self.groups_rolled_again)}
 
 
 def rollout_with_restarts(groups: Groups, records: list[QARecord], samples: int, restarts: RankRestarts | None, *,
@@ -104,5 +119,6 @@ def rollout_with_restarts(groups: Groups, records: list[QARecord], samples: int,
                 lost.append(error)
         for error in lost:
             restarts.recover(error)
+            restarts.rolled_again(len(parts[error.rank]), "the rank's whole share of this rollout")
         pending = [error.rank for error in lost]
     return [traj for part in results for traj in part]

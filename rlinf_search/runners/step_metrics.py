@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from rlinf_search.agents.searchr1.metrics import rollout_metrics
 from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
+from rlinf_search.scheduler import WorkerError
 
 
 @dataclass
@@ -79,17 +80,27 @@ class EngineActivityMeter:
     """``rollout/engine_idle``: the share of each step's wall time an engine had no request in flight, averaged over
     the engines (the group that holds them: rollout ranks, or the engine servers), from their weight gates."""
 
-    def __init__(self, engines, method):
-        """``engines``: the group that holds them; ``method``: its ``engine_activity``."""
-        self.engines, self.method = engines, method
+    def __init__(self, engines, method, *, losses_recovered: bool = False):
+        """``engines``: the group that holds them; ``method``: its ``engine_activity``; ``losses_recovered``: a rank
+        whose process was lost is started again by the rollout source, so the meter leaves the loss to it."""
+        self.engines, self.method, self.losses_recovered = engines, method, losses_recovered
         self._last: list[dict] | None = None
         self._at = 0.0
 
     def step(self) -> dict[str, float]:
         now = time.perf_counter()
-        current = self.engines.call(self.method).wait()
+        try:
+            current = self.engines.call(self.method).wait()
+        except WorkerError as error:
+            if not (error.process_lost and self.losses_recovered):
+                raise
+            # A rank lost while the rollout runs ahead: the rollout source starts it again (or stops the run) when
+            # it next waits on the rank's groups; this step goes without the share, measured afresh from here.
+            self._last = None
+            return {}
         metrics = {}
-        if self._last is not None and now > self._at:
+        restarted = self._last is not None and any(c["busy_s"] < p["busy_s"] for c, p in zip(current, self._last))
+        if self._last is not None and now > self._at and not restarted:  # a new process counts from zero
             busy = [(c["busy_s"] - p["busy_s"]) / (now - self._at) for c, p in zip(current, self._last)]
             metrics["rollout/engine_idle"] = 1.0 - min(1.0, sum(busy) / len(busy))
         self._last, self._at = current, now

@@ -75,7 +75,9 @@ class SearchR1Runner:
         self.stages = build_stages(config, groups, self.stream, self.weight_sync, restored=restored,
                                    first_step=self.state.global_step + 1, last_step=self.total_steps,
                                    restarts=self.restarts)
-        self._engine_activity = EngineActivityMeter(groups.engine_group, groups.engine_worker.engine_activity)
+        self._engine_activity = EngineActivityMeter(
+            groups.engine_group, groups.engine_worker.engine_activity,
+            losses_recovered=self.restarts.covers and self.stages.source.restarts is not None)
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
 
     # ---- one step ---------------------------------------------------------------------------

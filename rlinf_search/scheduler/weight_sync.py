@@ -44,6 +44,8 @@ class WeightSync:
         """The transport in use: ``object_store``, ``cuda_ipc`` or ``broadcast``."""
         self.version: int | None = None
         """The last version every receiver loaded."""
+        self.sent: int | None = None
+        """The last version sent (``start``): every receiver holds it once that sync is done."""
         self._channel: Channel | None = None
         try:
             self._open(bucket_bytes)
@@ -66,17 +68,20 @@ class WeightSync:
         # Every sender rank joins: with sharded weights, gathering them is a collective (rank 0 sends).
         calls = [self._sender.call("_weight_sync_send", self._id, version)]
         calls += [group.call("_weight_sync_receive", self._id) for group in self._receivers]
+        self.sent = version
         return PendingSync(self, version, calls)
 
     def reopen(self) -> None:
         """After a receiver rank was started again (a new process, no transport): tear every transport down, open them
-        anew (a broadcast group cannot take a new member) and send the last version every receiver loaded again, so
-        the new rank holds the weights the others do. Before any sync the new rank already holds them (the model)."""
+        anew (a broadcast group cannot take a new member) and send the last version sent again, so the new rank holds
+        the weights the others hold (or are loading: a sync the lost rank never finished is sent once more; its
+        sender, held by the lost receiver's full slot, is let go when the transports close). Before any sync the new
+        rank already holds them (the model)."""
         self.close()
         self._id = self._new_id()
         self._open(self._bucket_bytes)
-        if self.version is not None:
-            self.start(self.version, again=True).wait()
+        if self.sent is not None:
+            self.start(self.sent, again=self.sent == self.version).wait()
 
     def _new_id(self) -> str:
         return f"{self._sender.name}->{','.join(g.name for g in self._receivers)}:{uuid.uuid4().hex[:8]}"
@@ -88,13 +93,15 @@ class WeightSync:
         self.version = version
 
     def close(self) -> None:
-        """Tear down the transports (and the broadcast group's sockets) on every participant."""
-        calls = [self._sender.call_on(0, "_weight_sync_close", self._id)]
-        calls += [group.call("_weight_sync_close", self._id) for group in self._receivers]
-        wait_all(calls, self._timeout_s)
+        """Tear down the transports (and the broadcast group's sockets) on every participant. The channel goes
+        first: a sender still blocked on a receiver that died fails its send at once, instead of holding the close
+        queued behind it."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        calls = [self._sender.call_on(0, "_weight_sync_close", self._id)]
+        calls += [group.call("_weight_sync_close", self._id) for group in self._receivers]
+        wait_all(calls, self._timeout_s)
 
     def __enter__(self) -> WeightSync:
         return self

@@ -62,7 +62,7 @@ def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weigh
                  restarts: RankRestarts | None = None) -> StepStages:
     """The run's stages; ``prompts`` already at the run's data position; ``first_step``/``last_step``: the next
     step to run and the last; ``restored``: the rollouts a checkpoint kept for later steps (``async``, ``overlap``);
-    ``restarts``: lost rollout ranks started again (the ``sync`` rollout)."""
+    ``restarts``: lost rollout ranks started again."""
     pipeline = config.runner.pipeline
     weights = WeightSyncStage(weight_sync, deferred=pipeline.ahead and not pipeline.partial_rollout,
                               background=pipeline.ahead and pipeline.partial_rollout)
@@ -70,9 +70,11 @@ def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weigh
     if pipeline.ahead:
         source = AsyncRollout(groups, prompts, config.group_size, settings=pipeline, weights=weights,
                               groups_per_batch=minibatch_groups if pipeline.per_minibatch else config.rollout_batch_size,
-                              first_step=first_step, last_step=last_step, seed=config.seed, restored=restored)
+                              first_step=first_step, last_step=last_step, seed=config.seed, restored=restored,
+                              restarts=restarts)
     elif pipeline.name == "stream":
-        source = StreamedRollout(groups, prompts, config.group_size, groups_per_batch=minibatch_groups)
+        source = StreamedRollout(groups, prompts, config.group_size, groups_per_batch=minibatch_groups,
+                                 restarts=restarts)
     else:
         # An engine on the actor's devices steps aside while the actor works (a no-op on CPU).
         shared = set(groups.engine_group.placement.devices) & set(groups.actor.placement.devices)

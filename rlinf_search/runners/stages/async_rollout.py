@@ -32,6 +32,7 @@ from rlinf_search.config.pipeline import PipelineSettings
 from rlinf_search.data.io_struct import FinishedGroup, QARecord, Trajectory
 from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.runners.group_calls import Groups
+from rlinf_search.runners.rank_restarts import RankRestarts
 from rlinf_search.runners.stages.rollout_source import (
     CollocatedRollout,
     StepRollout,
@@ -39,10 +40,12 @@ from rlinf_search.runners.stages.rollout_source import (
     as_groups,
     step_key,
     stream_batch,
+    stream_share,
+    take_lost_share,
 )
 from rlinf_search.runners.stages.update import WeightSyncStage
 from rlinf_search.runners.step_metrics import StepTimer
-from rlinf_search.scheduler import GroupCall, wait_all
+from rlinf_search.scheduler import GroupCall, WorkerError, wait_all
 from rlinf_search.scheduler.channel import Channel
 
 
@@ -56,10 +59,13 @@ class _Admitted:
     """Its prompts, in the prompt stream's order."""
     position: tuple[int, int]
     """The prompt stream's (epoch, batch in epoch) after this batch: a checkpoint taken after its step keeps it."""
-    calls: list[GroupCall] = field(default_factory=list)
-    """The rollout ranks' calls streaming its groups (none for a batch restored from a checkpoint)."""
+    calls: list[GroupCall | None] = field(default_factory=list)
+    """The rollout ranks' calls streaming its groups, in rank order (none for a batch restored from a checkpoint;
+    None for a rank with nothing of it in flight)."""
     arrived: list[FinishedGroup] = field(default_factory=list)
-    """Groups already taken off the channel (by a checkpoint) or restored."""
+    """Groups already taken off the channel (by a checkpoint or a rank's recovery) or restored."""
+    rolled_again: set[int] = field(default_factory=set)
+    """Groups rolled out again on a rank started again after its process was lost."""
 
 
 class AsyncRollout(CollocatedRollout):
@@ -67,12 +73,15 @@ class AsyncRollout(CollocatedRollout):
 
     def __init__(self, groups: Groups, prompts: PromptStream, group_size: int, *, settings: PipelineSettings,
                  weights: WeightSyncStage, groups_per_batch: int, first_step: int, last_step: int, seed: int,
-                 restored: list[list[Trajectory]] | None = None):
+                 restored: list[list[Trajectory]] | None = None, restarts: RankRestarts | None = None):
         """``groups_per_batch``: groups handed to the update at a time (the step's prompts: one batch);
         ``first_step``/``last_step``: the run's next and last steps (nothing is admitted past the last);
         ``seed``: ``data.seed``, from which each batch's sampling seeds derive; ``restored``: the batches a
-        checkpoint kept, already rolled out (their prompts are the stream's next)."""
-        super().__init__(groups, prompts, group_size, offload=False)
+        checkpoint kept, already rolled out (their prompts are the stream's next); ``restarts``: a rollout rank
+        whose process is lost is started again and what was in flight on it rolls out again (partial rollouts
+        only: ``overlap`` holds every batch to one version, which a rank given the newest weights would break)."""
+        super().__init__(groups, prompts, group_size, offload=False,
+                         restarts=restarts if settings.partial_rollout else None)
         self.settings, self.weights, self.groups_per_batch = settings, weights, groups_per_batch
         self.last_step, self.seed = last_step, seed
         self.channel = Channel.create("finished_groups")
@@ -103,13 +112,60 @@ class AsyncRollout(CollocatedRollout):
             batch = self.admitted.pop(step)
         self.trained_position = batch.position
         self._current = _AheadStep(self.channel, batch, timer, groups_per_batch=self.groups_per_batch,
-                                   check=self._checker(step), source=self)
+                                   check=self._checker(step), source=self,
+                                   recover=self._recover if self.restarts is not None else None)
         return self._current
 
     def join_admitter(self) -> float:
-        """Wait for the admission running beside the step (raising its error); the seconds it ran."""
+        """Wait for the admission running beside the step (raising its error); the seconds it ran. A rollout rank
+        lost meanwhile (its weight load or a batch's start failed) is recovered here when it can be."""
         admitter, self._admitter = self._admitter, None
-        return admitter.join() if admitter is not None else 0.0
+        if admitter is None:
+            return 0.0
+        try:
+            return admitter.join()
+        except WorkerError as error:
+            if not self._recoverable(error):
+                raise
+            self._recover(error)  # the batches it did not admit are admitted by the next step's begin
+            return 0.0
+
+    def _recoverable(self, error: WorkerError) -> bool:
+        """Whether ``error`` is a rollout rank's lost process that this run starts again."""
+        return self.restarts is not None and error.process_lost and error.group == self.groups.rollout.name
+
+    def _recover(self, error: WorkerError) -> None:
+        """A rollout rank's process was lost: start it again with the newest weights (or stop the run in one line),
+        then roll out again on it what was in flight there: its groups of this step and of every batch admitted
+        ahead that never arrived. Groups that did arrive stay, each trained once."""
+        assert self.restarts is not None
+        admitter, self._admitter = self._admitter, None
+        if admitter is not None:  # the admission beside the step may be using the lost rank
+            try:
+                admitter.join()
+            except WorkerError as other:
+                if not self._recoverable(other):
+                    raise
+        self.weights.forget_in_flight()  # the load the lost rank never finished is sent again by the restart
+        self.restarts.recover(error)
+        rank, world = error.rank, self.groups.rollout.world_size
+        again: dict[int, int] = {}
+        if self._current is not None:
+            again[self._current.step] = self._current.roll_out_lost_share(
+                self.groups, self.group_size, rank, seed=derive_seed(self.seed, rank, self._current.step))
+        for batch in self.admitted.values():
+            if not batch.calls:  # restored from a checkpoint: nothing in flight
+                continue
+            key = step_key(batch.step)
+            missing = take_lost_share(self.channel, key, rank, ranks=world, groups_in_batch=len(batch.records),
+                                      have=set(), arrived=batch.arrived)
+            # No call of the lost process is waited on again (one that put all its groups may still report it).
+            batch.calls[rank] = stream_share(self.groups, batch.records, self.group_size, self.channel, key, rank,
+                                             missing, derive_seed(self.seed, rank, batch.step)) if missing else None
+            batch.rolled_again.update(missing)
+            again[batch.step] = len(missing)
+        where = ", ".join(f"step {step}: {n}" for step, n in sorted(again.items()) if n)
+        self.restarts.rolled_again(sum(again.values()), where)
 
     def _admit(self, *, until: int) -> None:
         while self.next_step <= until:
@@ -146,7 +202,14 @@ class AsyncRollout(CollocatedRollout):
     def wait_rollouts(self) -> None:
         """Wait until no admitted batch is still rolling out (their groups stay on the channel)."""
         self.join_admitter()
-        wait_all([call for batch in self.admitted.values() for call in batch.calls])
+        while True:
+            try:
+                wait_all([call for batch in self.admitted.values() for call in batch.calls if call is not None])
+                return
+            except WorkerError as error:
+                if not self._recoverable(error):
+                    raise
+                self._recover(error)
 
     @property
     def pending(self) -> Callable[[], list[list[Trajectory]]] | None:
@@ -203,9 +266,10 @@ class _AheadStep(StreamedStep):
     at once (``overlap``)."""
 
     def __init__(self, channel: Channel, batch: _Admitted, timer: StepTimer, *, groups_per_batch: int,
-                 check: Callable[[FinishedGroup], None], source: AsyncRollout):
+                 check: Callable[[FinishedGroup], None], source: AsyncRollout,
+                 recover: Callable[[WorkerError], None] | None):
         super().__init__(channel, batch.records, batch.step, timer, batch.calls, groups_per_batch=groups_per_batch,
-                         arrived=batch.arrived, check=check)
+                         arrived=batch.arrived, check=check, recover=recover, rolled_again=batch.rolled_again)
         self.source = source
         self.whole = groups_per_batch >= len(batch.records)
         if self.whole:

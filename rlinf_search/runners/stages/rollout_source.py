@@ -24,7 +24,7 @@ from rlinf_search.data.prompt_stream import PromptStream
 from rlinf_search.runners.group_calls import Groups, shard
 from rlinf_search.runners.rank_restarts import RankRestarts, rollout_with_restarts
 from rlinf_search.runners.step_metrics import StepTimer
-from rlinf_search.scheduler import GroupCall, wait_all
+from rlinf_search.scheduler import GroupCall, WorkerError
 from rlinf_search.scheduler.channel import Channel
 from rlinf_search.workers.rollout.worker import RolloutWorker
 
@@ -120,18 +120,31 @@ class CollocatedRollout:
 
 
 class StreamedRollout(CollocatedRollout):
-    """``stream``: groups in the order they finish, ``groups_per_batch`` at a time (the actor's mini-batch)."""
+    """``stream``: groups in the order they finish, ``groups_per_batch`` at a time (the actor's mini-batch).
+    ``restarts``: a rollout rank lost mid-step is started again and its groups that never arrived roll out again
+    on it (``rank_restarts.py``); None: a lost rank stops the run."""
 
-    def __init__(self, groups: Groups, prompts: PromptStream, group_size: int, *, groups_per_batch: int):
-        super().__init__(groups, prompts, group_size, offload=False)
+    def __init__(self, groups: Groups, prompts: PromptStream, group_size: int, *, groups_per_batch: int,
+                 restarts: RankRestarts | None = None):
+        super().__init__(groups, prompts, group_size, offload=False, restarts=restarts)
         self.groups_per_batch = groups_per_batch
         self.channel = Channel.create("finished_groups")
+        self._current: StreamedStep | None = None
 
     def begin(self, step: int, timer: StepTimer) -> StepRollout:
         records = self.prompts.next_batch()
         self.trained_position = (self.prompts.epoch, self.prompts.batch_in_epoch)
         calls = stream_batch(self.groups, records, self.group_size, self.channel, step_key(step))
-        return StreamedStep(self.channel, records, step, timer, calls, groups_per_batch=self.groups_per_batch)
+        self._current = StreamedStep(self.channel, records, step, timer, calls, groups_per_batch=self.groups_per_batch,
+                                     recover=self._recover if self.restarts is not None else None)
+        return self._current
+
+    def _recover(self, error: WorkerError) -> None:
+        """Start the lost rank again (or stop the run in one line), then roll its missing groups out on it."""
+        assert self.restarts is not None and self._current is not None
+        self.restarts.recover(error)
+        again = self._current.roll_out_lost_share(self.groups, self.group_size, error.rank)
+        self.restarts.rolled_again(again, f"step {self._current.step}")
 
     def close(self) -> None:
         self.channel.close()
@@ -146,13 +159,33 @@ def stream_batch(groups: Groups, records: list[QARecord], group_size: int, chann
                  batch_seed: Callable[[int], int] | None = None) -> list[GroupCall]:
     """Each rollout rank streams its contiguous share of ``records`` (the shares ``sync`` gives them) onto
     ``channel`` under ``key``; ``batch_seed(rank)``: the rank's seed for this batch (else its generator draws)."""
-    calls, first = [], 0
     rollout = groups.rollout
-    for rank, part in enumerate(shard(records, rollout.world_size)):
-        seed = None if batch_seed is None else batch_seed(rank)
-        calls.append(rollout.call_on(rank, RolloutWorker.stream_rollout, part, group_size, channel, key, first, seed))
-        first += len(part)
-    return calls
+    return [stream_share(groups, records, group_size, channel, key, rank, indices,
+                         None if batch_seed is None else batch_seed(rank))
+            for rank, indices in enumerate(rank_shares(len(records), rollout.world_size))]
+
+
+def rank_shares(groups_in_batch: int, ranks: int) -> list[list[int]]:
+    """The group indices each rollout rank rolls out of a batch: contiguous shares, as ``shard`` deals them."""
+    return shard(list(range(groups_in_batch)), ranks)
+
+
+def stream_share(groups: Groups, records: list[QARecord], group_size: int, channel: Channel, key: str, rank: int,
+                 indices: list[int], seed: int | None) -> GroupCall:
+    """Rollout rank ``rank`` streams the groups ``indices`` of ``records`` onto ``channel`` under ``key``."""
+    return groups.rollout.call_on(rank, RolloutWorker.stream_rollout, [records[i] for i in indices], group_size,
+                                  channel, key, indices, seed)
+
+
+def take_lost_share(channel: Channel, key: str, rank: int, *, ranks: int, groups_in_batch: int, have: set[int],
+                    arrived: list[FinishedGroup]) -> list[int]:
+    """After rollout rank ``rank`` was lost and started again: the indices of its share of a batch that never
+    arrived. The groups already on the channel under ``key`` are taken off into ``arrived`` first (the lost rank
+    can put no more), so only what was in flight on it is rolled out again; ``have``: indices taken before."""
+    while channel.qsize(key):
+        arrived.append(channel.get(key, timeout=POLL_S))
+    have = have | {group.index for group in arrived}
+    return [i for i in rank_shares(groups_in_batch, ranks)[rank] if i not in have]
 
 
 class StreamedStep(StepRollout):
@@ -161,25 +194,49 @@ class StreamedStep(StepRollout):
     batch trained. ``groups_per_batch``: groups handed on at a time (a mini-batch; all of them: one batch)."""
 
     def __init__(self, channel: Channel, records: list[QARecord], step: int, timer: StepTimer,
-                 calls: list[GroupCall], *, groups_per_batch: int, arrived: list[FinishedGroup] | None = None,
-                 check: Callable[[FinishedGroup], None] | None = None):
-        """``calls``: the rollout calls producing the step's groups; ``arrived``: groups already taken off the
-        channel (a checkpoint's); ``check(group)``: raises on a group the step must not train."""
+                 calls: list[GroupCall | None], *, groups_per_batch: int, arrived: list[FinishedGroup] | None = None,
+                 check: Callable[[FinishedGroup], None] | None = None,
+                 recover: Callable[[WorkerError], None] | None = None, rolled_again: set[int] | None = None):
+        """``calls``: the rollout calls producing the step's groups, one per rank in rank order (None: nothing of the
+        step in flight on that rank); ``arrived``: groups
+        already taken off the channel (a checkpoint's); ``check(group)``: raises on a group the step must not train;
+        ``recover(error)``: called when a rollout rank's process was lost (starts it again and has its missing
+        groups rolled out again, or raises); None: the loss stops the step; ``rolled_again``: indices already
+        rolled out a second time (an earlier recovery's)."""
         super().__init__(records, StepTimer())
         self.channel, self.step, self.timer, self.calls = channel, step, timer, calls
-        self.groups_per_batch, self.check = groups_per_batch, check
+        self.groups_per_batch, self.check, self.recover = groups_per_batch, check, recover
         self.key = step_key(step)
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
         self._arrived = list(arrived or [])
+        self._seen: set[int] = set()
+        self.rolled_again: set[int] = set(rolled_again or ())
+        """Groups rolled out again after their rank was lost: a copy the lost rank had put just before dying may
+        still arrive, and is dropped (the first copy is the one trained)."""
         self.taken = 0
         """Groups taken so far (restored ones included)."""
 
+    def roll_out_lost_share(self, groups: Groups, group_size: int, rank: int, seed: int | None = None) -> int:
+        """After rollout rank ``rank`` was started again: its groups of this step that never arrived roll out again
+        on it (with ``seed``); how many."""
+        if not self.calls:  # every group was in hand before the step began (a checkpoint's)
+            return 0
+        missing = take_lost_share(self.channel, self.key, rank, ranks=groups.rollout.world_size,
+                                  groups_in_batch=len(self.records), have=self._seen, arrived=self._arrived)
+        # No call of the lost process is waited on again (one that put all its groups may still report the loss).
+        self.calls[rank] = stream_share(groups, self.records, group_size, self.channel, self.key, rank, missing,
+                                        seed) if missing else None
+        self.rolled_again.update(missing)
+        return len(missing)
+
     def batches(self) -> Iterator[list[FinishedGroup]]:
-        arrived: set[int] = set()
+        arrived = self._seen
         waiting: list[FinishedGroup] = []
         while len(arrived) < len(self.records):
             group = self._arrived.pop(0) if self._arrived else self._next_group()
+            if group.index in arrived and group.index in self.rolled_again:
+                continue  # the lost rank's copy and the one rolled out again: the first to arrive is trained
             if group.index in arrived or not 0 <= group.index < len(self.records):
                 raise RuntimeError(f"streamed step {self.step}: group {group.index} from rollout rank {group.rank} "
                                    "is a duplicate or not of this step")
@@ -198,16 +255,30 @@ class StreamedStep(StepRollout):
                 self.minibatches.append([g.index for g in batch])
                 yield batch  # resumed once the batch is prepared and handed to the actor
                 self.seconds.setdefault("first_update", time.perf_counter() - self.started)
-        wait_all(self.calls)  # every rank has returned (they have put all their groups)
+        for call in [call for call in self.calls if call is not None]:  # every rank has returned (all groups put)
+            try:
+                call.wait()
+            except WorkerError as error:  # lost after its last group: nothing of this step to roll out again
+                self._lost(error)
 
     def _next_group(self) -> FinishedGroup:
-        """The next finished group; a rollout rank that failed or died stops the step with its error."""
+        """The next finished group; a rollout rank that failed stops the step with its error, one whose process
+        was lost is recovered (``recover``) or stops it."""
         while True:
             try:
                 return self.channel.get(self.key, timeout=POLL_S)
             except TimeoutError:
-                for call in self.calls:
-                    call.raise_if_failed()
+                for call in [call for call in self.calls if call is not None]:
+                    try:
+                        call.raise_if_failed()
+                    except WorkerError as error:
+                        self._lost(error)
+                        break
+
+    def _lost(self, error: WorkerError) -> None:
+        if self.recover is None or not error.process_lost:
+            raise error
+        self.recover(error)
 
     def end(self) -> dict[str, float]:
         self.timer.seconds["stream"] = time.perf_counter() - self.started

@@ -109,6 +109,11 @@ class WeightSyncStage:
             pending, self._in_flight = self._in_flight, None
             pending.wait()
 
+    def forget_in_flight(self) -> None:
+        """Drop the sync sent in the background without waiting for it: a receiver was lost, and the restart sends
+        that version to every receiver again (``WeightSync.reopen``)."""
+        self._in_flight = None
+
     def flush(self, timer: StepTimer | None = None) -> None:
         """Send the newest weights now if an update has not gone out yet, and wait until they are loaded."""
         self.settle(timer)

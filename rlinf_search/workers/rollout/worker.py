@@ -63,14 +63,14 @@ class RolloutWorker(Worker):
         return self._rollout(records, samples_per_prompt, greedy=greedy)
 
     def stream_rollout(self, records: list[QARecord], samples_per_prompt: int, channel: Channel, key: str,
-                       first_group: int, batch_seed: int | None = None) -> int:
+                       group_indices: list[int], batch_seed: int | None = None) -> int:
         """``rollout``, putting each finished group on ``channel`` under ``key`` as a ``FinishedGroup`` (its
-        index in the step is ``first_group`` + its place in ``records``) the moment its last sample is done.
+        index in the step is ``group_indices`` at its place in ``records``) the moment its last sample is done.
         Seeds and tokens are those ``rollout`` would give, or, with ``batch_seed``, derived from it instead of the
         rank's generator (an asynchronous run's batches start on the rank in no fixed order, so each brings its
         own). Returns the number of groups put."""
         async def hand_on(i: int, trajectories: list[Trajectory]) -> None:
-            await channel.aput(FinishedGroup(index=first_group + i, rank=self.rank, trajectories=trajectories), key)
+            await channel.aput(FinishedGroup(index=group_indices[i], rank=self.rank, trajectories=trajectories), key)
 
         self._rollout(records, samples_per_prompt, greedy=False, on_group=hand_on, batch_seed=batch_seed)
         return len(records)
