@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -204,6 +205,30 @@ def test_a_killed_rank_fails_the_call_in_flight_and_the_next_one(cluster):
 
         with pytest.raises(WorkerError, match="rank 1 of group 'doomed' died during echo\\(\\)"):
             group.call_on([0, 1], "echo", 1).wait(timeout=30)
+    finally:
+        group.shutdown()
+
+
+def test_a_rank_ray_restarts_answers_again_behind_the_same_handle(cluster):
+    """``restarts_by_ray``: a rank whose process dies (SIGKILL, as the OOM killer would) fails the call in flight,
+    then answers from a new process behind the handle callers already hold, its launch arguments and environment
+    kept; once its restarts are spent, the next death is final."""
+    group = EnvWorker.create_group(tag="tool").launch(cluster, "0", name="restartable", restarts_by_ray=1)
+    try:
+        handle = group.actors[0]
+        first = group.call_on(0, "info").wait(timeout=30)
+        in_flight = group.call_on(0, "sleep", 60)
+        time.sleep(0.5)
+        os.kill(first["pid"], signal.SIGKILL)
+        with pytest.raises(WorkerError) as caught:
+            in_flight.wait(timeout=30)
+        assert caught.value.process_lost
+        second = ray.get(handle.info.remote(), timeout=60)  # the handle held before the death
+        assert second["pid"] != first["pid"]
+        assert (second["tag"], second["env"]["RANK"], second["env"]["RLINF_GROUP_NAME"]) == ("tool", "0", "restartable")
+        os.kill(second["pid"], signal.SIGKILL)
+        with pytest.raises(WorkerError, match="died during echo"):
+            group.call_on(0, "echo", 1).wait(timeout=30)
     finally:
         group.shutdown()
 

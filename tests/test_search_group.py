@@ -127,7 +127,7 @@ def test_a_run_searches_through_the_group(two_slot_cluster, hotpot_server, tiny_
     metrics count it per replica."""
     from rlinf_search.workers.rollout.config import RolloutConfig
     from rlinf_search.workers.rollout.worker import RolloutWorker
-    from rlinf_search.workers.tool.launch import launch_search_group, search_group_metrics
+    from rlinf_search.workers.tool.launch import SearchGroupMeter, launch_search_group
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -152,7 +152,8 @@ def test_a_run_searches_through_the_group(two_slot_cluster, hotpot_server, tiny_
         assert all("Lilu" in t.response_text for t in trajectories)
         [stats] = tools.call(SearchToolWorker.stats).wait(timeout=60)
         assert (stats["calls"], stats["cache_hits"] + stats["shared"], stats["requests"]) == (4, 3, 1)
-        metrics = search_group_metrics(tools)
+        metrics = SearchGroupMeter(tools).step()
+        assert metrics["runtime/tool_restarts"] == 0
         assert metrics[f"search/replica/{hotpot_server.address}/requests"] == 1
         assert metrics[f"search/replica/{hotpot_server.address}/admitted"] == 1
         # Idle replicas take turns, so the first request tried the one that is down, then moved on.

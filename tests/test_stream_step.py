@@ -169,13 +169,38 @@ def test_a_sync_run_through_engine_servers_samples_what_inline_rollout_ranks_sam
 
 
 @pytest.mark.heavy
+def test_a_killed_search_tool_rank_is_started_again_and_the_run_trains_every_group(tmp_path, synth, server,  # noqa: F811
+                                                                                   tiny_model_dir):
+    """The SearchTool group's only rank killed mid-step: Ray starts it again behind the handle the agent loops
+    hold; the searches in flight at its death fail as infrastructure errors, so their groups roll out again once
+    it answers (never trained on the error); every step trains its full batch, and the restart is counted."""
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
+        "runner.max_steps": 3, "agentloop.num_workers": 2, "tools.search.num_workers": 1,
+        "agentloop.infra_rerun_wait_s": 1})
+    process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(tmp_path / "run", 1, process)
+    os.kill(_rank_pid(session=process.pid, title="ray::SearchToolWorker"), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["runtime/tool_restarts"] == 0 and rows[-1]["runtime/tool_restarts"] == 1
+    assert all(r.get("rollout/groups_dropped_infra", 0) == 0 for r in rows)
+    for step, minibatches in _minibatches(tmp_path / "run").items():
+        assert sorted(g for mb in minibatches for g in mb) == list(range(BATCH)), f"step {step}: every group once"
+    audit = [json.loads(line) for line in (tmp_path / "run" / "logs" / "batches.jsonl").read_text().splitlines()]
+    assert all(len(row["responses"]) == BATCH * GROUP for row in audit)
+
+
+@pytest.mark.heavy
 def test_a_killed_search_tool_rank_stops_a_streamed_run_in_one_line(tmp_path, synth, server, tiny_model_dir):  # noqa: F811
-    """The SearchTool group's only rank killed mid-step: the agent loops get error observations and finish
-    the step's rollout, and the run stops at the step's search metrics with one line naming the rank; the
-    same command resumes and trains every step."""
+    """With ``cluster.max_restarts: 0`` the SearchTool group's only rank killed mid-step is not started again: the
+    run stops at the step's search metrics with one line naming the rank (the groups whose searches failed are
+    never trained); the same command resumes and trains every step."""
     cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
         "runner.max_steps": 3, "runner.resume_dir": "auto", "agentloop.num_workers": 2,
-        "tools.search.num_workers": 1})
+        "tools.search.num_workers": 1, "cluster.max_restarts": 0})
     process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _wait_for_checkpoint(tmp_path / "run", 1, process)

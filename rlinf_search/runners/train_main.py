@@ -40,7 +40,7 @@ def launch_groups(config: RunConfig, cluster: Cluster, resume: Path | None) -> G
     actor = ActorWorker.create_group(config.actor, str(resume) if resume else None).launch(
         cluster, placement["actor"], name=config.actor_group)
     rollout, engines = launch_rollout_groups(config, cluster)
-    search = launch_search_group(config.search, cluster, rollout)
+    search = launch_search_group(config.search, cluster, rollout, restarts=config.cluster.max_restarts)
     reward = RewardWorker.create_group(config.reward).launch(cluster, placement["reward"], name=config.reward_group)
     critic = None
     if config.critic is not None:  # on the actor's devices: it trains on the same rows at the same time

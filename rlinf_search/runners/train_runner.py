@@ -39,7 +39,7 @@ from rlinf_search.runners.step_metrics import (
     validation_metrics,
 )
 from rlinf_search.scheduler import WeightSync
-from rlinf_search.workers.tool.launch import search_group_metrics
+from rlinf_search.workers.tool.launch import SearchGroupMeter
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class SearchR1Runner:
             groups.engine_group, groups.engine_worker.engine_activity,
             losses_recovered=self.restarts.covers and self.stages.source.restarts is not None)
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
+        self._search_meter = SearchGroupMeter(groups.search) if groups.search is not None else None
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -117,8 +118,8 @@ class SearchR1Runner:
             metrics.update(part_metrics[0])
         elif part_metrics:  # a streamed step's mini-batches: the teacher's counts add up, the rest are means
             metrics.update(stages.prepare.teacher.merge_metrics(part_metrics))
-        if self.groups.search is not None:
-            metrics.update(search_group_metrics(self.groups.search))
+        if self._search_meter is not None:
+            metrics.update(self._search_meter.step())
         return metrics
 
     def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[RewardScore],

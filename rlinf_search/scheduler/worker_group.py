@@ -164,14 +164,17 @@ class WorkerGroup:
 
     def launch(self, cluster: Cluster, placement: ComponentPlacement | str, *, name: str | None = None,
                init_process_group: bool = False, max_concurrency: int | None = None,
-               ready_timeout_s: float = 600.0) -> WorkerGroup:
+               ready_timeout_s: float = 600.0, restarts_by_ray: int = 0) -> WorkerGroup:
         """Start one actor per placed device and wait until every rank is constructed.
 
         ``placement`` is a component of ``cluster.placement`` (``cluster.placement["rollout"]``) or a
         device list (``"0-1"``). ``init_process_group`` joins the ranks in ``torch.distributed``.
         ``max_concurrency`` is Ray's: calls one rank runs at once (threads, or tasks for async workers).
         ``ready_timeout_s`` bounds the constructors (a real engine loads its model there) and a rank
-        Ray cannot schedule: past it the launch fails instead of waiting forever.
+        Ray cannot schedule: past it the launch fails instead of waiting forever. ``restarts_by_ray``: Ray starts a
+        rank whose process died again by itself, up to this many times per rank, behind the same handle: calls in
+        flight at the death fail, later ones wait for the new process. Only for ranks that hold nothing a caller
+        relies on (no weights, no process group): a stateless tool rank.
         """
         if self._actors:
             raise RuntimeError(f"group '{self.name}' is already launched")
@@ -181,7 +184,7 @@ class WorkerGroup:
         self.placement = placement
         self.cluster = cluster
         try:
-            self._start_actors(cluster, placement, max_concurrency)
+            self._start_actors(cluster, placement, max_concurrency, restarts_by_ray)
             self._call(range(self.world_size), "__ray_ready__", (), {}, single=False, label="__init__").wait(
                 ready_timeout_s)
             if init_process_group:
@@ -238,13 +241,16 @@ class WorkerGroup:
         devices = list(self.placement.devices) if self.placement else []
         return f"WorkerGroup({self._cls.__name__}, name={self.name!r}, devices={devices})"
 
-    def _start_actors(self, cluster: Cluster, placement: ComponentPlacement, max_concurrency: int | None) -> None:
+    def _start_actors(self, cluster: Cluster, placement: ComponentPlacement, max_concurrency: int | None,
+                      restarts_by_ray: int = 0) -> None:
         master = placement.ranks[0].node_rank
         self._common_env = {"WORLD_SIZE": str(placement.world_size), "RLINF_GROUP_NAME": self.name,
                             "MASTER_ADDR": cluster.node_address(master), "MASTER_PORT": str(cluster.free_port(master))}
         self._options = {"num_cpus": 0, "num_gpus": 0}
         if max_concurrency is not None:
             self._options["max_concurrency"] = max_concurrency
+        if restarts_by_ray:
+            self._options["max_restarts"] = restarts_by_ray
         for spot in placement.ranks:
             self._actors.append(self._start_actor(cluster, spot))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 from rlinf_search.scheduler import Worker
 from rlinf_search.tools.search import SearchOutcome, SearchToolConfig, build_search_tool
@@ -49,12 +50,13 @@ class SearchToolWorker(Worker):
 
     async def stats(self) -> dict[str, float | int]:
         """This rank's client counters (calls, cache hits, requests sent, latency percentiles), and with several
-        retrieval replicas each one's as ``replica/<host:port>/<counter>``."""
+        retrieval replicas each one's as ``replica/<host:port>/<counter>``; ``process_id``: this process's, which
+        tells a rank Ray started again."""
         client = self._ensure_client()
         replicas = getattr(client.backend, "replica_metrics", dict)()
         if len(replicas) < 2:
             replicas = {}  # one server: its counters are the client's
-        return {**client.metrics.snapshot(),
+        return {**client.metrics.snapshot(), "process_id": os.getpid(),
                 **{f"replica/{addr}/{name}": value for addr, counters in replicas.items()
                    for name, value in counters.items()}}
 
