@@ -79,7 +79,8 @@ class SearchR1Runner:
             groups.engine_group, groups.engine_worker.engine_activity,
             losses_recovered=self.restarts.covers and self.stages.source.restarts is not None)
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
-        self._search_meter = SearchGroupMeter(groups.search) if groups.search is not None else None
+        self._search_meter = (SearchGroupMeter(groups.search, restarted_by_ray=config.cluster.max_restarts > 0)
+                              if groups.search is not None else None)
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:

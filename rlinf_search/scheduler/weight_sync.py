@@ -13,12 +13,13 @@ group and on every receiver rank, and ``sync(version)`` calls the sender's ``get
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Sequence
 
 from rlinf_search.scheduler.channel import Channel
 from rlinf_search.scheduler.weight_transports import BroadcastSpec, CudaIpcSpec, ObjectStoreSpec, TransportSpec
-from rlinf_search.scheduler.worker_group import WorkerGroup, wait_all
+from rlinf_search.scheduler.worker_group import WorkerError, WorkerGroup, wait_all
 
 METHODS = ("auto", "object_store", "cuda_ipc", "broadcast")
 DEFAULT_BUCKET_BYTES = 256 * 2**20
@@ -69,6 +70,9 @@ class WeightSync:
         calls = [self._sender.call("_weight_sync_send", self._id, version)]
         calls += [group.call("_weight_sync_receive", self._id) for group in self._receivers]
         self.sent = version
+        if self._channel is not None:
+            threading.Thread(target=_let_sender_go_if_a_receiver_is_lost, args=(calls[1:], self._channel),
+                             name="weight-sync-watch", daemon=True).start()
         return PendingSync(self, version, calls)
 
     def reopen(self) -> None:
@@ -149,6 +153,20 @@ class WeightSync:
         wait_all(calls, self._timeout_s)
 
 
+def _let_sender_go_if_a_receiver_is_lost(receiver_calls: list, channel: Channel) -> None:
+    """Close the sync's channel as soon as a receiver's process is lost: the sender's next put to that receiver's
+    full slot would otherwise wait forever, and every call queued behind the send on the sender's ranks with it (a
+    collective the other ranks have entered, a training step the driver waits for), so the driver would never get
+    to see the loss. The send then fails; a restart opens a new channel (``reopen``)."""
+    try:
+        wait_all(receiver_calls)
+    except WorkerError as error:
+        if error.process_lost:
+            channel.close()
+    except Exception:  # noqa: BLE001 - the sync's own wait reports every other failure
+        pass
+
+
 class PendingSync:
     """A weight sync on its way (``WeightSync.start``)."""
 
@@ -156,5 +174,23 @@ class PendingSync:
         self._sync, self.version, self._calls = sync, version, calls
 
     def wait(self) -> None:
-        """Return once every receiver has loaded the version (raises as ``WeightSync.sync`` would)."""
-        self._sync._loaded(self.version, wait_all(self._calls, self._sync._timeout_s))
+        """Return once every receiver has loaded the version (raises as ``WeightSync.sync`` would). When a receiver's
+        process was lost, that loss is what is raised: the other participants' failures follow from it (its channel
+        was closed under them)."""
+        try:
+            results = wait_all(self._calls, self._sync._timeout_s)
+        except WorkerError as first:
+            raise _lost_process(self._calls) or first from None
+        self._sync._loaded(self.version, results)
+
+
+def _lost_process(calls: list) -> WorkerError | None:
+    """The error of a call among ``calls`` whose rank's process was lost, if one has failed so."""
+    for call in calls:
+        for rank in call.ranks:
+            try:
+                call.rank_call(rank).raise_if_failed()
+            except WorkerError as error:
+                if error.process_lost:
+                    return error
+    return None

@@ -67,6 +67,11 @@ class GroupCall:
         as soon as any rank fails, and ``TimeoutError`` naming unfinished ranks after ``timeout`` s."""
         return wait_all([self], timeout)[0]
 
+    def rank_call(self, rank: int) -> GroupCall:
+        """The part of this call that runs on ``rank`` (one of ``ranks``), as a call of its own."""
+        i = self.ranks.index(rank)
+        return GroupCall(self.group, self.method, [rank], [self._refs[i]], single=True)
+
     def raise_if_failed(self) -> None:
         """Raise the ``WorkerError`` of a rank that has already failed or died; return at once otherwise (a
         driver waiting on something else, such as a channel these ranks feed, polls this)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rlinf_search.scheduler import Cluster, WorkerGroup
+import time
+
+from rlinf_search.scheduler import Cluster, WorkerError, WorkerGroup
 from rlinf_search.scheduler.placement import host_placement
 from rlinf_search.tools.search import SearchToolConfig
 from rlinf_search.workers.rollout.worker import RolloutWorker
@@ -28,13 +30,23 @@ class SearchGroupMeter:
     """The SearchTool group's step metrics (``search_group_metrics``) and ``runtime/tool_restarts``: the ranks
     Ray started again so far, seen as a rank answering from another process than at the last step."""
 
-    def __init__(self, group: WorkerGroup):
-        self.group = group
+    def __init__(self, group: WorkerGroup, *, restarted_by_ray: bool = False):
+        """``restarted_by_ray``: the group was launched with ``restarts``, so a rank that is down may be coming back."""
+        self.group, self.restarted_by_ray = group, restarted_by_ray
         self.restarts = 0
         self._processes: list[int] | None = None
 
     def step(self, *, timeout_s: float = 60.0) -> dict[str, float]:
-        stats = self.group.call(SearchToolWorker.stats).wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                stats = self.group.call(SearchToolWorker.stats).wait(max(1.0, deadline - time.monotonic()))
+                break
+            except WorkerError as error:
+                # A rank Ray is starting again answers once it is up; one that stays gone is reported.
+                if not (error.process_lost and self.restarted_by_ray) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         processes = [int(s["process_id"]) for s in stats]
         if self._processes is not None:
             self.restarts += sum(now != before for now, before in zip(processes, self._processes))
