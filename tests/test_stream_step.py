@@ -169,6 +169,28 @@ def test_a_sync_run_through_engine_servers_samples_what_inline_rollout_ranks_sam
 
 
 @pytest.mark.heavy
+def test_a_killed_agent_loop_rank_is_started_again_and_the_step_trains_every_group(tmp_path, synth, server,  # noqa: F811
+                                                                                   tiny_model_dir):
+    """An AgentLoop rank (the engines are servers behind its routers) SIGKILLed mid-step: it is started again, handed
+    the engine servers and the SearchTool group, and its groups that never arrived roll out again; every step trains
+    its 5 groups once and the restart is counted."""
+    cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
+        "runner.max_steps": 3, "agentloop.num_workers": 2, "tools.search.num_workers": 1})
+    process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(tmp_path / "run", 1, process)
+    os.kill(_rank_pid(session=process.pid, title="ray::AgentLoopWorker"), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["runtime/restarts"] == 0 and rows[-1]["runtime/restarts"] == 1
+    assert "AgentLoopGroup rank" in stderr and "starting it again" in stderr
+    for step, minibatches in _minibatches(tmp_path / "run").items():
+        assert sorted(g for mb in minibatches for g in mb) == list(range(BATCH)), f"step {step}: every group once"
+
+
+@pytest.mark.heavy
 def test_a_killed_search_tool_rank_is_started_again_and_the_run_trains_every_group(tmp_path, synth, server,  # noqa: F811
                                                                                    tiny_model_dir):
     """The SearchTool group's only rank killed mid-step: Ray starts it again behind the handle the agent loops

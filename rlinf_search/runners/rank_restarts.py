@@ -1,14 +1,16 @@
 """Rollout ranks that come back: a rank whose process is lost mid-rollout is started again on its device, handed the
 current weights and the SearchTool group, and its share of the prompts rolls out again, so the step trains its
-full batch and no trajectory twice (the lost rank's trajectories never reached the driver).
+full batch and no trajectory twice (the lost rank's trajectories never reached the driver). With engine servers
+(``agentloop.num_workers`` >= 1) the ranks that run the agent loops are the AgentLoop group's: one of them is
+started again the same way, handed the engine servers instead of weights.
 
-Covered, with the agent loops on the rollout ranks (``agentloop.num_workers: 0``): the ``sync`` pipeline's rollout
+Covered, for the group that runs the agent loops: the ``sync`` pipeline's rollout
 and validation (the lost rank's share rolls out again), ``stream`` and ``async`` (only the lost rank's groups that
 never arrived roll out again, of the step and of every batch admitted ahead: ``StreamedStep.roll_out_lost_share``,
 ``AsyncRollout._recover``). Not covered, each still stopping the run in one line, resumable from its last
 checkpoint: a rank lost during a blocking weight sync or a checkpoint's save, ``overlap`` (every batch is held to one
-version, which a rank given the newest weights would break), engine servers and agent-loop ranks
-(``agentloop.num_workers`` >= 1), tool, actor and reward ranks.
+version, which a rank given the newest weights would break), engine servers, actor and reward ranks. SearchTool
+ranks are started again by Ray itself (``workers/tool/launch.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rlinf_search.data.io_struct import QARecord, Trajectory
 from rlinf_search.runners.group_calls import Groups, shard
 from rlinf_search.runners.infra_failures import RunStopped
 from rlinf_search.scheduler import GroupCall, WeightSync, WorkerError
+from rlinf_search.workers.rollout.agent_loop_worker import AgentLoopWorker
 from rlinf_search.workers.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -43,8 +46,9 @@ class RankRestarts:
 
     @property
     def covers(self) -> bool:
-        """Whether lost rollout ranks can be started again in this run's layout (agent loops on the rollout ranks)."""
-        return self.groups.engines is None and self.max_restarts > 0
+        """Whether lost ranks of the group that runs the agent loops (rollout ranks, or agent-loop ranks beside engine
+        servers) can be started again in this run."""
+        return self.max_restarts > 0
 
     def recover(self, error: WorkerError) -> None:
         """Start ``error``'s rank again, or raise ``RunStopped`` when it was no process loss or the budget is spent."""
@@ -68,7 +72,10 @@ class RankRestarts:
                              "runner.resume_dir=auto") from None
         if self.groups.search is not None:
             rollout.call_on(error.rank, RolloutWorker.use_search_group, list(self.groups.search.actors)).wait()
-        self.weight_sync().reopen()  # the new process holds the model's weights until it is given the current ones
+        if self.groups.engines is not None:  # an agent-loop rank: it holds no weights, only the engine servers' handles
+            rollout.call_on(error.rank, AgentLoopWorker.use_engines, list(self.groups.engines.actors)).wait()
+        else:
+            self.weight_sync().reopen()  # the new process holds the model's weights until it is given the current ones
 
     def _wait_ready(self, ready: GroupCall, node_rank: int) -> None:
         """Until the new rank is constructed; a rank whose machine is gone will never be: fail as soon as Ray says so

@@ -146,7 +146,8 @@ class AsyncRollout(CollocatedRollout):
             except WorkerError as other:
                 if not self._recoverable(other):
                     raise
-        self.weights.forget_in_flight()  # the load the lost rank never finished is sent again by the restart
+        if self.groups.engines is None:  # the lost rank took weights: the load it never finished is sent again
+            self.weights.forget_in_flight()
         self.restarts.recover(error)
         rank, world = error.rank, self.groups.rollout.world_size
         again: dict[int, int] = {}
