@@ -59,7 +59,7 @@ def _send(client: httpx.Client, url: str, body) -> httpx.Response:
 @pytest.fixture(scope="module")
 def retrieval(hotpot_index_dir, hotpot_corpus):
     args = ["--index-dir", str(hotpot_index_dir), "--corpus", str(hotpot_corpus), "--retriever", "bm25",
-            "--body-timeout-s", "1"]
+            "--body-timeout-s", "1", "--header-timeout-s", "1"]
     with RetrievalServerProcess(args) as running:
         yield running
 
@@ -163,4 +163,30 @@ def test_a_client_gone_mid_body_is_no_server_error_and_a_slow_body_is_dropped(re
     answer = _raw_request(retrieval.address, head, b'{"queries": ["lil', then_wait_s=1.0)
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert time.monotonic() - started < 5
+    assert _metrics(retrieval)["server_errors"] == 0
+
+
+def test_a_client_slow_with_its_headers_gets_408_and_the_server_goes_on(retrieval, client):
+    """A connection that sends nothing, one that sends its headers a few bytes a time (a slow-loris client) and a
+    keep-alive connection whose second request stops mid-headers: each gets 408 once the header time limit (1 s
+    here) has passed, and its connection is closed; the server answers the next client at once."""
+    host, port = retrieval.address.rsplit(":", 1)
+    cases = {"silent": [], "slow-loris": [b"GET /hea", b"lth HTTP/1.1\r\n", b"Host: x\r\n"],
+             "keep-alive": [b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /health HTTP/1.1\r\nHo"]}
+    for name, parts in cases.items():
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            for part in parts:
+                sock.sendall(part)
+                time.sleep(0.3)
+            received = b""
+            while chunk := sock.recv(4096):  # until the server closes the connection
+                received += chunk
+        assert time.monotonic() - started < 5, name
+        answers = received.split(b"HTTP/1.1 ")[1:]
+        assert answers[-1].startswith(b"408 Request Timeout"), (name, received[-300:])
+        assert b"request headers not received within 1 s" in answers[-1]
+        if name == "keep-alive":
+            assert answers[0].startswith(b"200"), received[:300]
+    assert client.get(f"http://{retrieval.address}/health").status_code == 200
     assert _metrics(retrieval)["server_errors"] == 0

@@ -17,6 +17,8 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from rlinf_search.net.header_timeout import HEADER_TIMEOUT_S, header_timeout_protocol
+
 log = logging.getLogger(__name__)
 
 
@@ -129,11 +131,14 @@ def socket_address(sock: socket.socket) -> str:
 
 
 def serve_forever(app: FastAPI, sock: socket.socket, *, on_started: Callable[[str], None],
-                  address_file: str | None = None) -> None:
+                  address_file: str | None = None, header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
     """Serve ``app`` on the listening ``sock`` until stopped; once it accepts connections, call
-    ``on_started(address)`` and write the address to ``address_file`` (for a launcher to poll)."""
+    ``on_started(address)`` and write the address to ``address_file`` (for a launcher to poll). A client whose
+    request headers are not complete ``header_timeout_s`` after it connected (or began the request) gets 408."""
     address = socket_address(sock)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    protocol = header_timeout_protocol(header_timeout_s)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           **({"http": protocol} if protocol is not None else {})))
 
     async def serve() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))

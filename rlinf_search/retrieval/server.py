@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlinf_search.net.serving import (
     BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
     ClientError,
     ClientGone,
     bind_socket,
@@ -230,6 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="encoder model dir (default: as recorded at build)")
     parser.add_argument("--topk", type=int, default=3, help="passages per query when a request gives none")
     parser.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask for")
+    parser.add_argument("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
+                        help="a client whose request headers are not complete this long after it connected gets 408")
     parser.add_argument("--body-timeout-s", type=float, default=BODY_TIMEOUT_S,
                         help="a request body not received within this many seconds gets 408")
     parser.add_argument("--host", default="127.0.0.1")
@@ -292,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(corpus, retriever, limits=limits, batching=not args.no_batching,
                      batch_window_s=args.batch_window_ms / 1000.0, max_batch=args.max_batch,
                      **threads, pages=pages)
-    serve_forever(app, sock, address_file=args.save_address_to, on_started=lambda address: log.info(
+    serve_forever(app, sock, address_file=args.save_address_to, header_timeout_s=args.header_timeout_s,
+                  on_started=lambda address: log.info(
         "serving %s with %s on %s (%d passages)", args.corpus, retriever.name, address, len(corpus)))
     return 0
 
