@@ -10,17 +10,14 @@ from its checkpoint with the version counter where it was.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from rlinf_search.checkpoint import latest_checkpoint, load_pending_rollout
 from rlinf_search.config import ConfigError, validate_cfg
-from tests.test_stream_step import _minibatches, _rank_pid, _wait_for_checkpoint
-from tests.test_train_runner import ROOT, _batches, _command, _config, _metrics, _run, server, synth  # noqa: F401 (fixtures)
+from tests.test_stream_step import _kill_after_checkpoint_1, _minibatches
+from tests.test_train_runner import ROOT, _batches, _config, _metrics, _run, server, synth  # noqa: F401 (fixtures)
 
 BATCH, GROUP, MINIBATCHES = 5, 2, 5  # rollout shares 3 and 2; a mini-batch is one group
 
@@ -134,11 +131,7 @@ def test_a_killed_rollout_rank_stops_an_async_run_and_it_resumes_with_its_versio
     cfg = _async_config(tmp_path, synth, server, tiny_model_dir, **{"runner.resume_dir": "auto",
                                                                      "runner.save_interval": 1,
                                                                      "cluster.max_restarts": 0})
-    process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait_for_checkpoint(tmp_path / "run", 1, process)
-    os.kill(_rank_pid(session=process.pid, title="ray::RolloutWorker"), signal.SIGKILL)
-    _, stderr = process.communicate(timeout=300)
+    process, stderr = _kill_after_checkpoint_1(cfg, tmp_path, "ray::RolloutWorker", timeout=300)
     assert process.returncode != 0
     last = stderr.strip().splitlines()[-1]
     assert "RunStopped: RolloutGroup rank" in last and "in step 2" in last and "in flight" in last, last

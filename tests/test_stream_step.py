@@ -134,11 +134,7 @@ def test_stream_samples_what_sync_samples_and_survives_a_killed_rollout_rank(tmp
     cut = _stream_config(tmp_path / "cut", synth, server, tiny_model_dir, **{
         "runner.max_steps": 3, "runner.resume_dir": "auto", "agentloop.num_workers": agent_loop_workers,
         "cluster.max_restarts": 0})
-    process = subprocess.Popen(_command(cut, tmp_path / "cut"), cwd=ROOT, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait_for_checkpoint(tmp_path / "cut" / "run", 1, process)
-    os.kill(_rank_pid(session=process.pid, title=victim), signal.SIGKILL)  # mid step 2
-    _, stderr = process.communicate(timeout=300)
+    process, stderr = _kill_after_checkpoint_1(cut, tmp_path / "cut", victim, timeout=300)  # mid step 2
     assert process.returncode != 0
     last = stderr.strip().splitlines()[-1]
     assert f"RunStopped: {group} rank" in last and "stream_rollout()" in last and "in step 2" in last, last
@@ -176,11 +172,7 @@ def test_a_killed_agent_loop_rank_is_started_again_and_the_step_trains_every_gro
     its 5 groups once and the restart is counted."""
     cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
         "runner.max_steps": 3, "agentloop.num_workers": 2, "tools.search.num_workers": 1})
-    process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait_for_checkpoint(tmp_path / "run", 1, process)
-    os.kill(_rank_pid(session=process.pid, title="ray::AgentLoopWorker"), signal.SIGKILL)
-    _, stderr = process.communicate(timeout=600)
+    process, stderr = _kill_after_checkpoint_1(cfg, tmp_path, "ray::AgentLoopWorker", timeout=600)
     assert process.returncode == 0, stderr[-3000:]
     rows = _metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -199,11 +191,7 @@ def test_a_killed_search_tool_rank_is_started_again_and_the_run_trains_every_gro
     cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
         "runner.max_steps": 3, "agentloop.num_workers": 2, "tools.search.num_workers": 1,
         "agentloop.infra_rerun_wait_s": 1})
-    process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait_for_checkpoint(tmp_path / "run", 1, process)
-    os.kill(_rank_pid(session=process.pid, title="ray::SearchToolWorker"), signal.SIGKILL)
-    _, stderr = process.communicate(timeout=600)
+    process, stderr = _kill_after_checkpoint_1(cfg, tmp_path, "ray::SearchToolWorker", timeout=600)
     assert process.returncode == 0, stderr[-3000:]
     rows = _metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -223,11 +211,7 @@ def test_a_killed_search_tool_rank_stops_a_streamed_run_in_one_line(tmp_path, sy
     cfg = _stream_config(tmp_path, synth, server, tiny_model_dir, **{
         "runner.max_steps": 3, "runner.resume_dir": "auto", "agentloop.num_workers": 2,
         "tools.search.num_workers": 1, "cluster.max_restarts": 0})
-    process = subprocess.Popen(_command(cfg, tmp_path), cwd=ROOT, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait_for_checkpoint(tmp_path / "run", 1, process)
-    os.kill(_rank_pid(session=process.pid, title="ray::SearchToolWorker"), signal.SIGKILL)
-    _, stderr = process.communicate(timeout=300)
+    process, stderr = _kill_after_checkpoint_1(cfg, tmp_path, "ray::SearchToolWorker", timeout=300)
     assert process.returncode != 0
     last = stderr.strip().splitlines()[-1]
     assert "SearchToolGroup rank 0" in last, last
@@ -236,6 +220,18 @@ def test_a_killed_search_tool_rank_stops_a_streamed_run_in_one_line(tmp_path, sy
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2, 3]
     assert sorted(g for mb in _minibatches(tmp_path / "run")[3] for g in mb) == list(range(BATCH))
+
+
+def _kill_after_checkpoint_1(cfg, where: Path, victim: str, *, timeout: float) -> tuple[subprocess.Popen, str]:
+    """Train ``cfg`` in a child process (its run under ``where / "run"``), SIGKILL the rank whose process title starts
+    with ``victim`` once the step-1 checkpoint is complete (mid step 2), and wait for the run to end; the process and
+    its stderr."""
+    process = subprocess.Popen(_command(cfg, where), cwd=ROOT, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(where / "run", 1, process)
+    os.kill(_rank_pid(session=process.pid, title=victim), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=timeout)
+    return process, stderr
 
 
 def _wait_for_checkpoint(run_dir: Path, step: int, process: subprocess.Popen) -> None:

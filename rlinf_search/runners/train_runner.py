@@ -80,8 +80,7 @@ class SearchR1Runner:
             # Lost rollout ranks are started again; engine servers are not (the meter reads them when there are).
             losses_recovered=self.restarts.covers and self.stages.source.restarts is not None and groups.engines is None)
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
-        self._search_meter = (SearchGroupMeter(groups.search, restarted_by_ray=config.cluster.max_restarts > 0)
-                              if groups.search is not None else None)
+        self._search_meter = SearchGroupMeter(groups.search) if groups.search is not None else None
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:

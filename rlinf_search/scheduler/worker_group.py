@@ -155,6 +155,8 @@ class WorkerGroup:
         """Where each rank runs, once launched."""
         self.cluster: Cluster | None = None
         """The cluster it was launched on."""
+        self.restarts_by_ray = 0
+        """Times Ray starts each rank again by itself (``launch``'s ``restarts_by_ray``)."""
         self._options: dict[str, Any] = {}
         self._common_env: dict[str, str] = {}
 
@@ -254,6 +256,7 @@ class WorkerGroup:
         self._options = {"num_cpus": 0, "num_gpus": 0}
         if max_concurrency is not None:
             self._options["max_concurrency"] = max_concurrency
+        self.restarts_by_ray = restarts_by_ray
         if restarts_by_ray:
             self._options["max_restarts"] = restarts_by_ray
         for spot in placement.ranks:

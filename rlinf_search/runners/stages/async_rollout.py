@@ -38,10 +38,9 @@ from rlinf_search.runners.stages.rollout_source import (
     StepRollout,
     StreamedStep,
     as_groups,
+    roll_out_lost_share,
     step_key,
     stream_batch,
-    stream_share,
-    take_lost_share,
 )
 from rlinf_search.runners.stages.update import WeightSyncStage
 from rlinf_search.runners.step_metrics import StepTimer
@@ -149,7 +148,7 @@ class AsyncRollout(CollocatedRollout):
         if self.groups.engines is None:  # the lost rank took weights: the load it never finished is sent again
             self.weights.forget_in_flight()
         self.restarts.recover(error)
-        rank, world = error.rank, self.groups.rollout.world_size
+        rank = error.rank
         again: dict[int, int] = {}
         if self._current is not None:
             again[self._current.step] = self._current.roll_out_lost_share(
@@ -157,14 +156,10 @@ class AsyncRollout(CollocatedRollout):
         for batch in self.admitted.values():
             if not batch.calls:  # restored from a checkpoint: nothing in flight
                 continue
-            key = step_key(batch.step)
-            missing = take_lost_share(self.channel, key, rank, ranks=world, groups_in_batch=len(batch.records),
-                                      have=set(), arrived=batch.arrived)
-            # No call of the lost process is waited on again (one that put all its groups may still report it).
-            batch.calls[rank] = stream_share(self.groups, batch.records, self.group_size, self.channel, key, rank,
-                                             missing, derive_seed(self.seed, rank, batch.step)) if missing else None
-            batch.rolled_again.update(missing)
-            again[batch.step] = len(missing)
+            again[batch.step] = roll_out_lost_share(
+                self.groups, self.group_size, self.channel, step_key(batch.step), batch.records, batch.calls, rank,
+                have=set(), arrived=batch.arrived, rolled_again=batch.rolled_again,
+                seed=derive_seed(self.seed, rank, batch.step))
         where = ", ".join(f"step {step}: {n}" for step, n in sorted(again.items()) if n)
         self.restarts.rolled_again(sum(again.values()), where)
 

@@ -177,15 +177,22 @@ def stream_share(groups: Groups, records: list[QARecord], group_size: int, chann
                                   channel, key, indices, seed)
 
 
-def take_lost_share(channel: Channel, key: str, rank: int, *, ranks: int, groups_in_batch: int, have: set[int],
-                    arrived: list[FinishedGroup]) -> list[int]:
-    """After rollout rank ``rank`` was lost and started again: the indices of its share of a batch that never
-    arrived. The groups already on the channel under ``key`` are taken off into ``arrived`` first (the lost rank
-    can put no more), so only what was in flight on it is rolled out again; ``have``: indices taken before."""
+def roll_out_lost_share(groups: Groups, group_size: int, channel: Channel, key: str, records: list[QARecord],
+                        calls: list[GroupCall | None], rank: int, *, have: set[int], arrived: list[FinishedGroup],
+                        rolled_again: set[int], seed: int | None) -> int:
+    """After rollout rank ``rank`` was lost and started again: its share of a batch (``records``, streamed under
+    ``key`` by ``calls``, one per rank) that never arrived rolls out again on it; how many groups. The groups already
+    on the channel are taken off into ``arrived`` first (the lost rank can put no more), so only what was in flight
+    on it rolls out again; ``have``: indices taken before; ``rolled_again`` gets the indices. ``calls[rank]`` becomes
+    the new call, or None: no call of the lost process is waited on again (one that put all its groups may still
+    report the loss)."""
     while channel.qsize(key):
         arrived.append(channel.get(key, timeout=POLL_S))
     have = have | {group.index for group in arrived}
-    return [i for i in rank_shares(groups_in_batch, ranks)[rank] if i not in have]
+    missing = [i for i in rank_shares(len(records), groups.rollout.world_size)[rank] if i not in have]
+    calls[rank] = stream_share(groups, records, group_size, channel, key, rank, missing, seed) if missing else None
+    rolled_again.update(missing)
+    return len(missing)
 
 
 class StreamedStep(StepRollout):
@@ -198,8 +205,8 @@ class StreamedStep(StepRollout):
                  check: Callable[[FinishedGroup], None] | None = None,
                  recover: Callable[[WorkerError], None] | None = None, rolled_again: set[int] | None = None):
         """``calls``: the rollout calls producing the step's groups, one per rank in rank order (None: nothing of the
-        step in flight on that rank); ``arrived``: groups
-        already taken off the channel (a checkpoint's); ``check(group)``: raises on a group the step must not train;
+        step in flight on that rank); ``arrived``: groups already taken off the channel (a checkpoint's);
+        ``check(group)``: raises on a group the step must not train;
         ``recover(error)``: called when a rollout rank's process was lost (starts it again and has its missing
         groups rolled out again, or raises); None: the loss stops the step; ``rolled_again``: indices already
         rolled out a second time (an earlier recovery's)."""
@@ -222,13 +229,8 @@ class StreamedStep(StepRollout):
         on it (with ``seed``); how many."""
         if not self.calls:  # every group was in hand before the step began (a checkpoint's)
             return 0
-        missing = take_lost_share(self.channel, self.key, rank, ranks=groups.rollout.world_size,
-                                  groups_in_batch=len(self.records), have=self._seen, arrived=self._arrived)
-        # No call of the lost process is waited on again (one that put all its groups may still report the loss).
-        self.calls[rank] = stream_share(groups, self.records, group_size, self.channel, self.key, rank, missing,
-                                        seed) if missing else None
-        self.rolled_again.update(missing)
-        return len(missing)
+        return roll_out_lost_share(groups, group_size, self.channel, self.key, self.records, self.calls, rank,
+                                   have=self._seen, arrived=self._arrived, rolled_again=self.rolled_again, seed=seed)
 
     def batches(self) -> Iterator[list[FinishedGroup]]:
         arrived = self._seen
@@ -255,7 +257,7 @@ class StreamedStep(StepRollout):
                 self.minibatches.append([g.index for g in batch])
                 yield batch  # resumed once the batch is prepared and handed to the actor
                 self.seconds.setdefault("first_update", time.perf_counter() - self.started)
-        for call in [call for call in self.calls if call is not None]:  # every rank has returned (all groups put)
+        for call in self._live_calls():  # every rank has returned (they have put all their groups)
             try:
                 call.wait()
             except WorkerError as error:  # lost after its last group: nothing of this step to roll out again
@@ -268,12 +270,15 @@ class StreamedStep(StepRollout):
             try:
                 return self.channel.get(self.key, timeout=POLL_S)
             except TimeoutError:
-                for call in [call for call in self.calls if call is not None]:
+                for call in self._live_calls():
                     try:
                         call.raise_if_failed()
                     except WorkerError as error:
                         self._lost(error)
                         break
+
+    def _live_calls(self) -> list[GroupCall]:
+        return [call for call in self.calls if call is not None]
 
     def _lost(self, error: WorkerError) -> None:
         if self.recover is None or not error.process_lost:

@@ -30,9 +30,8 @@ class SearchGroupMeter:
     """The SearchTool group's step metrics (``search_group_metrics``) and ``runtime/tool_restarts``: the ranks
     Ray started again so far, seen as a rank answering from another process than at the last step."""
 
-    def __init__(self, group: WorkerGroup, *, restarted_by_ray: bool = False):
-        """``restarted_by_ray``: the group was launched with ``restarts``, so a rank that is down may be coming back."""
-        self.group, self.restarted_by_ray = group, restarted_by_ray
+    def __init__(self, group: WorkerGroup):
+        self.group = group
         self.restarts = 0
         self._processes: list[int] | None = None
 
@@ -44,7 +43,7 @@ class SearchGroupMeter:
                 break
             except WorkerError as error:
                 # A rank Ray is starting again answers once it is up; one that stays gone is reported.
-                if not (error.process_lost and self.restarted_by_ray) or time.monotonic() > deadline:
+                if not (error.process_lost and self.group.restarts_by_ray) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
         processes = [int(s["process_id"]) for s in stats]
