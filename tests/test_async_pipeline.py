@@ -55,6 +55,8 @@ def test_async_defaults_and_refusals(tmp_path, synth, server, tiny_model_dir):  
         ({"algorithm.recompute_logprobs": False, "algorithm.mismatch_correction": "mask"}, "the same numbers"),
         ({"algorithm.adv_type": "reinforce_plus_plus"}, "async computes advantages a mini-batch"),
         ({"algorithm.ppo_epochs": 2}, "ppo_epochs must be 1"),
+        ({"agentloop.retokenize": True}, "re-tokenized ids have no behaviour log-prob"),
+        ({"algorithm.max_token_lag": -1}, "algorithm.max_token_lag must be >= 0"),
     ]:
         with pytest.raises(ConfigError, match=message) as caught:
             validate_cfg(_async_config(tmp_path, synth, server, tiny_model_dir, **changes))

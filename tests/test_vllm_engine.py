@@ -158,3 +158,39 @@ def test_weights_streamed_in_buckets_that_split_layers_load_exactly(engine, hf_m
     assert streamed(original)
     again = asyncio.run(engine.generate(prompt, greedy))
     assert again.output_ids == before.output_ids and again.logprobs == pytest.approx(before.logprobs, abs=1e-5)
+
+
+def test_a_swap_aborts_vllm_at_a_token_boundary_and_the_request_continues_on_the_new_weights(engine, hf_model):
+    """The rank's weight gate over vLLM: the request in flight is aborted with the ids it has, the weights load,
+    and it continues on them from those ids; each token records the version that sampled it, and every log-prob
+    is the one its version's model gives."""
+    from rlinf_search.workers.rollout.weight_gate import GatedEngine, WeightGate
+
+    prompt = engine.tokenizer.encode("Which city was Lilu born in?", add_special_tokens=False)
+    long = SamplingParams(max_new_tokens=400, greedy=True, stop_at_eos=False)
+    original = {name: value.clone() for name, value in hf_model.state_dict().items()}
+    torch.manual_seed(2)
+    perturbed = {name: value + 0.05 * torch.randn_like(value) for name, value in original.items()}
+    gate = WeightGate(version=5)
+    gated = GatedEngine(engine, gate)
+    assert gated.interrupts
+
+    async def scenario():
+        task = asyncio.create_task(gated.generate(prompt, long))
+        await asyncio.sleep(0.3)  # some tokens in
+        await asyncio.to_thread(gated.load_weights, perturbed, 6)
+        return await task
+
+    try:
+        out = asyncio.run(scenario())
+        assert gate.activity().aborted == 1 and len(out.output_ids) == 400 and out.finish_reason == "length"
+        cut = out.token_versions.index(6)
+        assert 0 < cut and out.token_versions == [5] * cut + [6] * (400 - cut)
+        expected_old = _teacher_forced(hf_model, prompt, out.output_ids[:cut], 1.0)
+        assert torch.allclose(torch.tensor(out.logprobs[:cut]), expected_old, atol=TOLERANCE)
+        hf_model.load_state_dict(perturbed)
+        expected_new = _teacher_forced(hf_model, prompt, out.output_ids, 1.0)[cut:]
+        assert torch.allclose(torch.tensor(out.logprobs[cut:]), expected_new, atol=TOLERANCE)
+    finally:
+        hf_model.load_state_dict(original)
+        engine.update_weights(original)

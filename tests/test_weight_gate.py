@@ -18,6 +18,8 @@ from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationE
 from rlinf_search.workers.rollout.weight_gate import GatedEngine, WeightGate
 
 GREEDY = SamplingParams(max_new_tokens=40, greedy=True, stop_at_eos=False)
+LONG = SamplingParams(max_new_tokens=200, greedy=True, stop_at_eos=False)
+"""Long enough that a swap asked for after a few tokens lands inside the turn on a loaded machine."""
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +95,104 @@ def test_a_swap_with_nothing_in_flight_loads_at_once_and_a_stuck_one_says_why(en
     with pytest.raises(RuntimeError, match="1 generate requests were still running"):
         gate.swap(lambda: loads.append(2), 2, timeout_s=0.2)
     assert loads == [1] and gate.version == 1 and gate.is_open, "nothing loaded, and the gate reopened"
+
+
+def _swap_after(gate: WeightGate, gated: GatedEngine, engine: HFGenerationEngine, weights, version: int,
+                tokens: int) -> threading.Thread:
+    """A thread that swaps ``weights`` in as ``version`` once the engine has sampled ``tokens`` tokens more."""
+    start = engine.stats.generated_tokens
+
+    def run():
+        while engine.stats.generated_tokens < start + tokens:
+            time.sleep(0.0005)
+        gated.load_weights(weights, version)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_an_aborted_request_continues_to_the_same_tokens_when_the_weights_did_not_change(engine):
+    prompt = engine.tokenizer.encode("Where was Ada Lovelace born?")
+    whole = asyncio.run(engine.generate(prompt, LONG))
+    same = {name: value.clone() for name, value in engine.model.state_dict().items()}
+    gate = WeightGate()
+    gated = GatedEngine(engine, gate)
+    assert gated.interrupts
+
+    async def scenario():
+        task = asyncio.create_task(gated.generate(prompt, LONG))
+        swapper = _swap_after(gate, gated, engine, same, 1, tokens=10)
+        out = await task
+        await asyncio.to_thread(swapper.join)
+        return out
+
+    out = asyncio.run(scenario())
+    assert gate.activity().aborted == 1 and gate.activity().swaps == 1
+    assert out.output_ids == whole.output_ids and out.finish_reason == whole.finish_reason
+    assert out.logprobs == pytest.approx(whole.logprobs, abs=1e-4), "the re-prefill scores the same tokens alike"
+    cut = out.token_versions.index(1)
+    assert 10 <= cut < len(out.output_ids) and set(out.token_versions[:cut]) == {0}
+    assert set(out.token_versions[cut:]) == {1} and out.weight_version == 0
+
+
+def test_a_swap_inside_a_turn_gives_each_token_the_version_that_sampled_it(engine):
+    prompt = engine.tokenizer.encode("Who wrote the first published algorithm?")
+    original = {name: value.clone() for name, value in engine.model.state_dict().items()}
+    old = asyncio.run(engine.generate(prompt, LONG))
+    gate = WeightGate(version=3)
+    gated = GatedEngine(engine, gate)
+
+    async def scenario():
+        task = asyncio.create_task(gated.generate(prompt, LONG))
+        swapper = _swap_after(gate, gated, engine, _shifted(engine), 4, tokens=12)
+        out = await task
+        await asyncio.to_thread(swapper.join)
+        return out
+
+    try:
+        out = asyncio.run(scenario())
+        cut = out.token_versions.index(4)
+        assert out.output_ids[:cut] == old.output_ids[:cut], "the old weights' tokens are kept as sampled"
+        rest = asyncio.run(engine.generate(prompt + out.output_ids[:cut],
+                                           SamplingParams(max_new_tokens=LONG.max_new_tokens - cut, greedy=True, stop_at_eos=False)))
+        assert out.output_ids[cut:] == rest.output_ids, "the rest is the new weights' continuation of the same tokens"
+        assert out.output_ids != old.output_ids
+        assert out.token_versions == [3] * cut + [4] * (LONG.max_new_tokens - cut) and out.weight_version == 3
+        assert len(out.logprobs) == len(out.output_ids) == LONG.max_new_tokens and out.finish_reason == "length"
+    finally:
+        engine.update_weights(original)
+
+
+def test_a_gate_that_drains_lets_the_turn_finish_on_the_old_weights(engine):
+    prompt = engine.tokenizer.encode("Where was Ada Lovelace born?")
+    original = {name: value.clone() for name, value in engine.model.state_dict().items()}
+    old = asyncio.run(engine.generate(prompt, LONG))
+    gate = WeightGate()
+    gated = GatedEngine(engine, gate, interrupt=False)
+
+    async def scenario():
+        task = asyncio.create_task(gated.generate(prompt, LONG))
+        swapper = _swap_after(gate, gated, engine, _shifted(engine), 1, tokens=5)
+        out = await task
+        await asyncio.to_thread(swapper.join)
+        return out
+
+    try:
+        out = asyncio.run(scenario())
+        assert out.output_ids == old.output_ids and out.token_versions == [0] * LONG.max_new_tokens
+        assert gate.activity().aborted == 0 and gate.version == 1
+    finally:
+        engine.update_weights(original)
+
+
+def test_a_stop_string_split_by_an_abort_still_ends_the_turn(engine):
+    from rlinf_search.workers.rollout.weight_gate import _stop_across
+
+    tokenizer = engine.tokenizer
+    ids = tokenizer.encode("I will look it up. <search> Ada Lovelace </search> and more text after it")
+    text_ids = [tokenizer.decode(ids[:k]) for k in range(len(ids) + 1)]
+    end = next(k for k, text in enumerate(text_ids) if "</search>" in text)
+    inside = end - 1  # the abort fell inside the stop string: the last token completes it
+    assert _stop_across(tokenizer, ids, inside, ("</search>",)) == (end, "</search>")
+    assert _stop_across(tokenizer, ids[:end - 1] + tokenizer.encode(" nothing"), inside, ("</search>",)) is None

@@ -62,7 +62,9 @@ class ModelTurn:
     drifted: bool
     """Re-encoding the text cut at the first stop would give other ids than the sampled ones."""
     version: int | None = None
-    """The policy version that generated the turn (the engine's ``GenerationOutput.weight_version``)."""
+    """The oldest policy version that sampled the turn (the engine's ``GenerationOutput.weight_version``)."""
+    versions: list[int] | None = None
+    """The version that sampled each id (``GenerationOutput.token_versions``); None: not counted."""
 
 
 def cut_after_first_stop(text: str, stops: tuple[str, ...]) -> str:
@@ -223,7 +225,7 @@ class AgentLoop:
         tools_allowed = rollout.tool_turns < self.config.max_turns
         seed = None if rollout.seed is None else derive_seed(rollout.seed, traj.num_turns)
         turn = await self.generate_turn(traj, budget, seed)
-        self.append(traj, turn.ids, turn.logprobs, kind="model", version=turn.version)
+        self.append(traj, turn.ids, turn.logprobs, kind="model", version=turn.version, versions=turn.versions)
         traj.drifted = traj.drifted or turn.drifted
         finish = self.read_turn(rollout, turn, tools_allowed)
         if finish:
@@ -242,10 +244,11 @@ class AgentLoop:
         reencoded = self._encode(cut_after_first_stop(text, self.stops))
         sampled = out.output_ids[:-1] if out.finish_reason == "eos" else out.output_ids
         drifted = reencoded != sampled
-        if self.config.retokenize:
+        if self.config.retokenize:  # re-encoded ids have no sampling version of their own: the turn's oldest
             return ModelTurn(reencoded, [math.nan] * len(reencoded), text, out.finish_reason, drifted,
                              out.weight_version)
-        return ModelTurn(out.output_ids, out.logprobs, text, out.finish_reason, drifted, out.weight_version)
+        return ModelTurn(out.output_ids, out.logprobs, text, out.finish_reason, drifted, out.weight_version,
+                         out.token_versions)
 
     def append_observation(self, traj: Trajectory, ids: list[int], *, kind: str) -> None:
         """Append an observation's ids (masked), cut to the response budget left."""
@@ -254,13 +257,16 @@ class AgentLoop:
 
     @staticmethod
     def append(traj: Trajectory, ids: list[int], logprobs: list[float], *, kind: str,
-               version: int | None = None) -> None:
-        """Append one span: ``model`` tokens train (mask 1); observations do not. ``version``: the policy
-        version that generated a model span."""
+               version: int | None = None, versions: list[int] | None = None) -> None:
+        """Append one span: ``model`` tokens train (mask 1); observations do not. ``version``: the oldest policy
+        version that sampled a model span; ``versions``: each token's (else every token is ``version``'s)."""
         if not ids:
             return
         start = len(traj.response_ids)
         traj.response_ids.extend(ids)
         traj.rollout_logprobs.extend(logprobs)
+        if versions is None or len(versions) != len(ids):
+            versions = [-1 if version is None else version] * len(ids)
+        traj.token_versions.extend(versions)
         traj.response_mask.extend([1 if kind == "model" else 0] * len(ids))
         traj.spans.append(ResponseSpan(kind=kind, start=start, end=len(traj.response_ids), weight_version=version))

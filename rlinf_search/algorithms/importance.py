@@ -6,7 +6,11 @@ correction weighs each token's loss by rho = exp(old - roll), where ``old`` is t
 recomputed log-prob and ``roll`` the engine's:
 
 - ``tis`` (truncated importance sampling): w = min(rho, cap), cap = 2 by default.
-- ``mask``: w = 1 where low <= rho <= high, else 0 (the token is dropped from the loss).
+- ``mask`` (token-level MIS): w = 1 where low <= rho <= high, else 0 (the token is dropped from the loss).
+- ``decoupled`` (AReaL's decoupled PPO objective): w = rho, untruncated. With the rollout ahead of the update
+  ``old`` is the proximal policy (the policy at the start of the update, which the PPO clip is taken against) and
+  ``roll`` the behaviour policy that sampled the token, so the clip bounds the update and the weight alone
+  corrects the sampling; ``tis`` is this with the weight truncated.
 
 The weights are constants (no gradient): multiply the token losses by them before aggregating.
 Off by default: a reported pitfall is Search-R1 on a 3B model collapsing early with TIS on.
@@ -42,6 +46,8 @@ class ImportanceWeights:
     """Mean weight over model tokens."""
     missing_fraction: torch.Tensor
     """Share of model tokens without a rollout log-prob (NaN), left at weight 1."""
+    rho: torch.Tensor
+    """``[B, T]``: exp(old - roll) per token before truncation or masking (1 where the rollout log-prob is NaN)."""
 
     def metrics(self, prefix: str = "mismatch/") -> dict[str, float]:
         """The scalar metrics as floats, for a logger."""
@@ -56,7 +62,7 @@ def _rho(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor) -> tuple[torc
     return torch.where(missing, torch.ones_like(log_rho), torch.exp(log_rho)), missing
 
 
-def _result(weights, mask, missing, *, truncated, dropped) -> ImportanceWeights:
+def _result(weights, mask, missing, *, truncated, dropped, rho) -> ImportanceWeights:
     weights = zero_outside(weights, mask)
     as_float = weights.dtype
     return ImportanceWeights(
@@ -65,6 +71,7 @@ def _result(weights, mask, missing, *, truncated, dropped) -> ImportanceWeights:
         masked_fraction=masked_mean(dropped.to(as_float), mask),
         mean_weight=masked_mean(weights, mask),
         missing_fraction=masked_mean(missing.to(as_float), mask),
+        rho=rho,
     )
 
 
@@ -82,7 +89,7 @@ def truncated_is_weights(
     rho, missing = _rho(old_logprob, rollout_logprob)
     truncated = rho > cap
     return _result(rho.clamp(max=cap), response_mask.bool(), missing, truncated=truncated,
-                   dropped=torch.zeros_like(truncated))
+                   dropped=torch.zeros_like(truncated), rho=rho)
 
 
 @torch.no_grad()
@@ -100,7 +107,17 @@ def masked_is_weights(
     rho, missing = _rho(old_logprob, rollout_logprob)
     dropped = (rho < low) | (rho > high)
     return _result((~dropped).to(rho.dtype), response_mask.bool(), missing, truncated=torch.zeros_like(dropped),
-                   dropped=dropped)
+                   dropped=dropped, rho=rho)
+
+
+@torch.no_grad()
+def decoupled_weights(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, *,
+                      response_mask: torch.Tensor) -> ImportanceWeights:
+    """AReaL's decoupled objective: w = exp(prox - behav) per model token, untruncated (``old_logprob``: the
+    proximal policy's, ``rollout_logprob``: the behaviour policy's)."""
+    rho, missing = _rho(old_logprob, rollout_logprob)
+    none = torch.zeros_like(missing)
+    return _result(rho, response_mask.bool(), missing, truncated=none, dropped=none, rho=rho)
 
 
 MismatchCorrection = Callable[..., ImportanceWeights]
@@ -119,3 +136,8 @@ def _truncated(old_logprob, rollout_logprob, *, response_mask, cap, low) -> Impo
 @MISMATCH_CORRECTIONS.register("mask")
 def _masked(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights:
     return masked_is_weights(old_logprob, rollout_logprob, response_mask=response_mask, low=low, high=cap)
+
+
+@MISMATCH_CORRECTIONS.register("decoupled")
+def _decoupled(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights:
+    return decoupled_weights(old_logprob, rollout_logprob, response_mask=response_mask)

@@ -36,6 +36,8 @@ class PolicyLossOutput:
     """Mean of exp(lp - old) over model tokens."""
     ratio_max: torch.Tensor
     """Largest exp(lp - old) on a model token (0 if there is none)."""
+    clipped: torch.Tensor | None = None
+    """``[B, T]`` bool: the tokens where the clipped term was chosen (per-lag metrics); None: not reported."""
 
     def metrics(self, prefix: str = "actor/") -> dict[str, float]:
         """The scalar metrics as floats, for a logger."""
@@ -99,6 +101,7 @@ def ppo_policy_loss(
             approx_kl=masked_mean(-log_ratio, mask),
             ratio_mean=masked_mean(ratio, mask),
             ratio_max=ratio_on_tokens.max() if mask.any() else ratio.new_zeros(()),
+            clipped=clip_chosen & mask,
         )
 
 

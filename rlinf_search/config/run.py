@@ -168,6 +168,10 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
         written={key for key in ("max_staleness", "partial_rollout") if get(raw, f"runner.{key}") is not None},
         placement=placement, plan=logprobs, adv_type=adv_type,
         ppo_epochs=actor.ppo_epochs, n_minibatches=actor.n_minibatches, batch=batch, critic=critic is not None))
+    if runner.pipeline.ahead and retokenize(raw):
+        raise ConfigError(f"agentloop.retokenize: true with runner.pipeline {runner.pipeline.name}: re-tokenized ids "
+                          "have no behaviour log-prob, so the staleness correction cannot weigh them; set "
+                          "agentloop.retokenize: false or runner.pipeline: sync")
     correction = async_correction(runner.pipeline, written=actor.loss.mismatch_correction, recompute=recompute,
                                   present="mismatch_correction" in get(raw, "algorithm", {}))
     actor = replace(actor, loss=replace(actor.loss, mismatch_correction=correction))

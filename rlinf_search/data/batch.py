@@ -32,6 +32,12 @@ class RolloutBatch:
     """Prompt uid per row (GRPO groups rows by it)."""
     prompt_length: int
     """P: width of the left-padded prompt block."""
+    token_versions: torch.Tensor | None = None
+    """[B, T] the policy version that sampled each response token (``Trajectory.token_versions``); -1 on
+    observations, padding and tokens of engines that do not count versions."""
+    trained_version: int | None = None
+    """The policy version the update starts from (the step's weights before it trains): a token's lag is this
+    minus its version. None: not set (lags unknown)."""
     old_logprobs: torch.Tensor | None = None
     """[B, T] log-probs under the policy before this step's updates (recomputed or the engine's)."""
     ref_logprobs: torch.Tensor | None = None
@@ -105,6 +111,7 @@ def collate_trajectories(trajectories: list[Trajectory], rewards: list[float], p
     attention = torch.zeros_like(input_ids)
     response_mask = torch.zeros((rows, response_width), dtype=torch.long)
     rollout_logprobs = torch.zeros((rows, response_width), dtype=torch.float32)
+    token_versions = torch.full((rows, response_width), -1, dtype=torch.long)
     for row, traj in enumerate(trajectories):
         p, r = len(traj.prompt_ids), len(traj.response_ids)
         input_ids[row, prompt_width - p: prompt_width] = torch.tensor(traj.prompt_ids, dtype=torch.long)
@@ -112,9 +119,12 @@ def collate_trajectories(trajectories: list[Trajectory], rewards: list[float], p
         attention[row, prompt_width - p: prompt_width + r] = 1
         response_mask[row, :r] = torch.tensor(traj.response_mask, dtype=torch.long)
         rollout_logprobs[row, :r] = torch.tensor(traj.rollout_logprobs, dtype=torch.float32)
+        if traj.token_versions:
+            token_versions[row, :r] = torch.tensor(traj.token_versions, dtype=torch.long)
     return RolloutBatch(
         input_ids=input_ids, attention_mask=attention, response_mask=response_mask,
-        rollout_logprobs=rollout_logprobs, rewards=torch.tensor(rewards, dtype=torch.float32),
+        rollout_logprobs=rollout_logprobs, token_versions=token_versions,
+        rewards=torch.tensor(rewards, dtype=torch.float32),
         uids=[t.uid for t in trajectories], prompt_length=prompt_width,
         extra={"data_source": [t.data_source for t in trajectories],
                "num_searches": [t.num_searches for t in trajectories]},

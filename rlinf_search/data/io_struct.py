@@ -60,13 +60,17 @@ class GenerationOutput:
     logprobs: list[float]
     """Log-prob of each sampled id under the temperature-scaled distribution (same length)."""
     finish_reason: str
-    """``stop`` (a stop string appeared), ``eos`` (an end token) or ``length`` (max_new_tokens)."""
+    """``stop`` (a stop string appeared), ``eos`` (an end token) or ``length`` (max_new_tokens); from an engine
+    itself also ``abort`` (``abort_all`` ended it at a token boundary: the ids so far), which the rank's weight gate
+    continues on the new weights and never hands on."""
     stop_string: str | None = None
     """Which stop string ended the generation, when ``finish_reason == "stop"``."""
     weight_version: int | None = None
-    """The policy version (weight syncs loaded) that generated every one of these ids: the engine finishes a
-    request on the weights it started with (``workers/rollout/weight_gate.py``). None: an engine that does not
-    count versions."""
+    """The oldest policy version (weight syncs loaded) that sampled any of these ids, stamped by the rank's weight
+    gate (``workers/rollout/weight_gate.py``). None: an engine that does not count versions."""
+    token_versions: list[int] | None = None
+    """The policy version that sampled each id (same length as ``output_ids``): a request a weight swap aborted
+    continues on the new weights, so one turn can hold two versions. None: an engine that does not count them."""
 
 
 SPAN_KINDS = ("model", "information", "correction", "tool")
@@ -86,8 +90,9 @@ class ResponseSpan:
     text: str = ""
     """The span's tokens decoded (filled in when the rollout ends), for rollout files and logs."""
     weight_version: int | None = None
-    """``model`` spans: the policy version that generated the turn (``GenerationOutput.weight_version``); None
-    for observations, or when the engine does not count versions."""
+    """``model`` spans: the oldest policy version that sampled any of the turn's tokens
+    (``GenerationOutput.weight_version``); None for observations, or when the engine does not count versions.
+    ``Trajectory.token_versions`` has each token's."""
 
 
 @dataclass
@@ -109,6 +114,10 @@ class Trajectory:
     rollout_logprobs: list[float]
     """The engine's log-prob per response token; 0.0 on observation tokens. NaN on model tokens whose
     ids were re-tokenized (``retokenize: true``), since the engine never scored those ids."""
+    token_versions: list[int] = field(default_factory=list)
+    """The policy version that sampled each response token (``GenerationOutput.token_versions``); -1 on
+    observation tokens and where the engine does not count versions. Empty: not recorded (a trajectory built
+    outside the agent loop); otherwise as long as ``response_ids``."""
     num_searches: int = 0
     """Searches issued (valid ``<search>`` actions)."""
     queries: list[str] = field(default_factory=list)
@@ -154,6 +163,13 @@ class Trajectory:
     """Wall time spent waiting for the search tool."""
     total_time_s: float = 0.0
     """Wall time of the whole rollout."""
+
+    def model_token_versions(self) -> list[int]:
+        """The version of every model token whose version is known, in order."""
+        if self.token_versions:
+            return [v for v, m in zip(self.token_versions, self.response_mask) if m and v >= 0]
+        return [span.weight_version for span in self.spans if span.kind == "model" and span.weight_version is not None
+                for _ in range(span.start, span.end)]
 
     @property
     def turn_versions(self) -> list[int]:

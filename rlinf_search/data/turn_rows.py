@@ -27,7 +27,7 @@ TURN_LEVEL_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-m
 """The loss aggregations turn rows can be weighted back to (a dotted-path aggregation's meaning is unknown)."""
 
 # Response-aligned tensors whose padding is not 0 (see RolloutBatch).
-_PAD = {"teacher_top_logprobs": float("-inf")}
+_PAD = {"teacher_top_logprobs": float("-inf"), "token_versions": -1}
 
 
 @dataclass

@@ -36,7 +36,8 @@ class DumpedTrajectory:
     """Accepted answers."""
     response: list[dict]
     """The response in order: ``{"kind": "model" | "information" | "correction", "text": ..., "version": ...}``;
-    ``version``: the policy version that generated a model turn (null for observations)."""
+    ``version``: the oldest policy version that sampled a model turn (null for observations); a model turn also
+    has ``versions``, ``[[version, tokens], ...]`` in token order."""
     queries: list[str]
     """The search queries the model issued."""
     reward: float
@@ -52,9 +53,24 @@ class DumpedTrajectory:
 def dump_row(record: QARecord, traj: Trajectory, score: RewardScore) -> DumpedTrajectory:
     return DumpedTrajectory(
         uid=traj.uid, data_source=record.data_source, question=record.question, prompt=record.prompt,
-        golden_answers=list(record.golden_answers), response=[{"kind": s.kind, "text": s.text, "version": s.weight_version} for s in traj.spans],
+        golden_answers=list(record.golden_answers), response=[_dumped_span(traj, s) for s in traj.spans],
         queries=list(traj.queries), reward=float(score.reward), em=float(score.em),
         finish_reason=traj.finish_reason, num_turns=traj.num_turns)
+
+
+def _dumped_span(traj: Trajectory, span) -> dict:
+    """A span as the dump writes it: kind, text and the oldest version; a model span whose tokens carry versions
+    also gets ``versions``: [version, tokens] runs in order (two runs: the engines continued it across a swap)."""
+    row = {"kind": span.kind, "text": span.text, "version": span.weight_version}
+    if span.kind == "model" and traj.token_versions:
+        runs: list[list[int]] = []
+        for version in traj.token_versions[span.start: span.end]:
+            if runs and runs[-1][0] == version:
+                runs[-1][1] += 1
+            else:
+                runs.append([version, 1])
+        row["versions"] = runs
+    return row
 
 
 def spread(count: int, n: int) -> list[int]:

@@ -95,7 +95,8 @@ class SearchR1Runner:
                 rollout.minibatches[-1] = [g.index for g in groups]
             if not groups:
                 continue
-            part = stages.prepare(rollout.records, groups, rollout.passes, ends_step=rollout.last_batch)
+            part = stages.prepare(rollout.records, groups, rollout.passes, ends_step=rollout.last_batch,
+                                  trained_version=step - 1)
             stages.update.submit(part.batch, timer, completed_steps=step - 1)
             prepared.append(part)
         trained = stages.update.finish()

@@ -40,8 +40,9 @@ class BatchPreparation:
         self.values, self.teacher = values, teacher
 
     def __call__(self, records: list[QARecord], groups: list[FinishedGroup], timer: StepTimer, *,
-                 ends_step: bool) -> PreparedBatch:
-        """``records``: the step's prompts (group ``g`` answers ``records[g.index]``); ``timer`` gets the phases
+                 ends_step: bool, trained_version: int | None = None) -> PreparedBatch:
+        """``records``: the step's prompts (group ``g`` answers ``records[g.index]``); ``trained_version``: the
+        policy version the update starts from (the batch's token lags count from it); ``timer`` gets the phases
         ``reward``, ``inference``, ``advantages`` (with a critic, mostly its forward pass) and ``teacher`` (only
         the wait for answers still in flight); ``ends_step``: the step's last batch (the teacher's failure
         window counts steps)."""
@@ -52,6 +53,7 @@ class BatchPreparation:
         with timer.phase("reward"):
             scores = self.reward(trajectories)
         batch = collate_trajectories(trajectories, [s.reward for s in scores], pad_id=0)
+        batch.trained_version = trained_version
         with timer.phase("inference"):
             self.logprobs(batch)
         with timer.phase("advantages"):

@@ -79,7 +79,11 @@ class PolicyLossConfig:
     temperature: float = 1.0
     """Sampling temperature: log-probs are recomputed as log_softmax(logits / temperature)."""
     mismatch_correction: str | None = declared(None, STR, registry=MISMATCH_CORRECTIONS)
-    """Train/inference mismatch correction: None, ``tis`` (truncate) or ``mask``."""
+    """Train/inference mismatch and staleness correction: None, ``tis`` (truncate), ``mask`` (token-level MIS) or
+    ``decoupled`` (AReaL's decoupled objective, the weight untruncated)."""
+    max_token_lag: int | None = declared(None, Int(ge=0))
+    """Model tokens sampled more than this many policy versions before the one the update starts from are
+    dropped from the loss and counted (``actor/stale_fraction``); None keeps every token."""
     mismatch_cap: float = 2.0
     """TIS cap C, and the upper bound of the ``mask`` band."""
     mismatch_low: float = 0.5

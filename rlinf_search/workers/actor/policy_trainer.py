@@ -27,6 +27,7 @@ from rlinf_search.algorithms import (
     masked_mean,
     top_k_kl,
 )
+from rlinf_search.algorithms.staleness import LagStats, too_stale, token_lags
 from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.rank_plan import (
@@ -98,6 +99,7 @@ class PolicyTrainer:
     def __init__(self, config: ActorConfig):
         self.config = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self._lag_stats = LagStats()  # per-lag sums of the optimizer step running
         self.model = self._build_model()
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
@@ -190,6 +192,7 @@ class PolicyTrainer:
         work = dataclasses.replace(work, sequences=trajectories)
         own_tokens = max(int(batch.response_mask[work.rows].sum()), 1) if work.rows else 1
         self._zero_grad()
+        self._lag_stats = LagStats()
         sums: dict[str, float] = {}
         for index, group in enumerate(work.passes):
             micro = batch.select(group) if group else padding_row(batch)
@@ -204,6 +207,7 @@ class PolicyTrainer:
         self.scheduler.step()
         self.global_step += 1
         sums.update({"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0]})
+        sums.update(self._lag_stats.metrics())
         return sums
 
     def _zero_grad(self) -> None:
@@ -237,10 +241,22 @@ class PolicyTrainer:
                                   clip_ratio_c=cfg.clip_ratio_c)
         token_losses = policy.token_losses
         metrics = policy.metrics()
+        rollout = micro.rollout_logprobs.to(self.device)
+        correction = self._mismatch_weights(old, rollout, mask)
         if cfg.mismatch_correction:
-            correction = self._mismatch_weights(old, micro.rollout_logprobs.to(self.device), mask)
             token_losses = token_losses * correction.weights
-            metrics["actor/is_weight_mean"] = float(correction.mean_weight)
+            metrics.update({"actor/is_weight_mean": float(correction.mean_weight),
+                            "actor/is_truncated_fraction": float(correction.truncated_fraction),
+                            "actor/is_masked_fraction": float(correction.masked_fraction),
+                            "actor/is_missing_fraction": float(correction.missing_fraction)})
+        lags = token_lags(micro.token_versions, micro.trained_version)
+        if lags is not None:
+            lags = lags.to(self.device)
+            self._lag_stats.add(lags, mask, rho=correction.rho, clipped=policy.clipped)
+            stale = too_stale(lags, mask, cfg.max_token_lag)
+            if stale is not None:
+                token_losses = token_losses * (~stale).to(token_losses.dtype)
+                metrics["actor/stale_fraction"] = float(masked_mean(stale.to(token_losses.dtype), mask))
         if cfg.kl_beta > 0:
             kl = kl_penalty(logprobs, micro.ref_logprobs.to(self.device), cfg.kl_penalty_type, mask=mask)
             token_losses = token_losses + cfg.kl_beta * kl
@@ -264,8 +280,9 @@ class PolicyTrainer:
         return metrics
 
     def _mismatch_weights(self, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor):
+        """The configured correction's weights; without one, the untruncated ratio (for the per-lag metrics)."""
         cfg = self.config.loss
-        correction = MISMATCH_CORRECTIONS.resolve(cfg.mismatch_correction)
+        correction = MISMATCH_CORRECTIONS.resolve(cfg.mismatch_correction or "decoupled")
         return correction(old, rollout, response_mask=mask, cap=cfg.mismatch_cap, low=cfg.mismatch_low)
 
     def build_reference(self, model_path: str) -> torch.nn.Module:

@@ -6,11 +6,16 @@ running batch (KV cache included); a row that finishes (stop string, end token, 
 answered at once and leaves the batch. So an agent whose turn ended searches while the others
 decode, and its next turn joins at the next step instead of waiting for the batch to drain. Every
 sampled id is returned as sampled, with its log-prob.
+
+``abort_all`` ends every request admitted so far at the next token boundary (``finish_reason`` ``abort``, with
+the ids sampled so far): the rank's weight gate then loads new weights and continues them
+(``weight_gate.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -66,6 +71,8 @@ class _Request:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     generator: torch.Generator
+    epoch: int
+    """When it arrived: ``abort_all`` ends every request whose epoch is below the one it drew."""
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -115,6 +122,8 @@ class HFGenerationEngine:
         self._thread_guard = threading.Lock()
         self._offloaded = False
         self._steps_since_admit = 0
+        self._epochs = itertools.count()
+        self._abort_below = 0  # requests of an earlier epoch end at the next token boundary
         self.stats = EngineStats()
 
     def _end_token_ids(self) -> frozenset[int]:
@@ -143,7 +152,7 @@ class HFGenerationEngine:
         self._ensure_thread()
         generator = (self._generator if sampling.seed is None
                      else torch.Generator(device=self.device).manual_seed(sampling.seed))
-        request = _Request(list(prompt_ids), sampling, loop.create_future(), loop, generator)
+        request = _Request(list(prompt_ids), sampling, loop.create_future(), loop, generator, next(self._epochs))
         self._inbox.put(request)
         return await request.future
 
@@ -152,6 +161,14 @@ class HFGenerationEngine:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
                 self._thread.start()
+
+    def abort_all(self) -> None:
+        """End every request admitted so far at its next token boundary, answered with the ids it has and
+        ``finish_reason`` ``abort``; requests that arrive later are not touched. Thread-safe, returns at once."""
+        self._abort_below = next(self._epochs)
+
+    def _aborted(self, request: _Request) -> bool:
+        return request.epoch < self._abort_below
 
     async def aclose(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -220,6 +237,7 @@ class HFGenerationEngine:
             new, stop = self._take_new(batch)
             if stop:
                 return
+            new = self._answer_aborted(new)
             try:
                 with self._weights_lock, torch.inference_mode():
                     joined = self._prefill(new) if new else None
@@ -229,10 +247,35 @@ class HFGenerationEngine:
                         batch = joined
                     if batch:
                         batch = self._decode_step(batch)
+                    if batch:
+                        batch = self._leave_aborted(batch)
             except BaseException as exc:  # noqa: BLE001 - every waiting caller must hear of the failure
                 for request in (batch.requests if batch else []) + new:
                     request.fail(exc)
                 batch = None
+
+    def _answer_aborted(self, requests: list[_Request]) -> list[_Request]:
+        """The requests not aborted; the others are answered with what they have."""
+        keep = []
+        for request in requests:
+            if self._aborted(request):
+                request.resolve("abort")
+            else:
+                keep.append(request)
+        return keep
+
+    def _leave_aborted(self, batch: RunningBatch) -> RunningBatch | None:
+        """The running rows ``abort_all`` ended leave the batch, answered at this token boundary."""
+        keep = [row for row, request in enumerate(batch.requests) if not self._aborted(request)]
+        if len(keep) == len(batch):
+            return batch
+        for request in batch.requests:
+            if self._aborted(request):
+                request.resolve("abort")
+        if not keep:
+            return None
+        batch.select(keep)
+        return batch
 
     def _prefill(self, new: list[_Request]) -> RunningBatch | None:
         from transformers import DynamicCache

@@ -54,7 +54,7 @@ class EngineServerWorker(Worker):
         self.set_weight_buckets(iter([state_dict]), version)
 
     def set_weight_buckets(self, buckets, version: int) -> None:
-        self.gate.swap(lambda: self.engine.update_weights(buckets), version)
+        self._gated.load_weights(buckets, version)
         self.weight_version = version
 
     def offload(self) -> None:

@@ -10,6 +10,10 @@ Weights come from the actor, bucket by bucket as the sync delivers them, through
 worker processes (``vllm_worker_ext``); the prefix cache is reset afterwards, or prompts cached under the old
 weights would keep their old keys and values. ``offload`` is vLLM's sleep mode, which needs CUDA.
 
+Tokens stream back as vLLM samples them (``RequestOutputKind.DELTA``), so ``abort_all`` can end the requests in
+flight at a token boundary and answer each with the ids it has (``finish_reason`` ``abort``); the rank's weight
+gate continues them on the new weights.
+
 vLLM is imported when an engine is built, so configs naming it validate on machines without it.
 """
 
@@ -65,16 +69,25 @@ def to_vllm_sampling(sampling: SamplingParams):
         n=1, max_tokens=sampling.max_new_tokens, temperature=0.0 if sampling.greedy else sampling.temperature,
         top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
         stop=list(sampling.stop), ignore_eos=not sampling.stop_at_eos, logprobs=0,
-        # Stop strings are matched on detokenized text, so detokenizing stays on; the text is not used.
-        detokenize=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        # Stop strings are matched on detokenized text, so detokenizing stays on; the text is not used. The ids
+        # come back as they are sampled, so an abort can keep them.
+        detokenize=True, output_kind=RequestOutputKind.DELTA)
 
 
-def to_generation_output(completion) -> GenerationOutput:
-    """vLLM's ``CompletionOutput`` as ours: the sampled ids as they are, one log-prob per id."""
+def token_logprobs(completion) -> list[float]:
+    """The log-prob of each id of a ``CompletionOutput`` (its ids so far, or the new ones of a delta)."""
     ids = list(completion.token_ids)
     if completion.logprobs is None or len(completion.logprobs) != len(ids):
         raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-    logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)]
+    return [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)]
+
+
+def to_generation_output(completion, ids: list[int] | None = None,
+                         logprobs: list[float] | None = None) -> GenerationOutput:
+    """vLLM's finished ``CompletionOutput`` as ours: the sampled ids as they are, one log-prob per id. ``ids`` and
+    ``logprobs``: the whole request's, gathered from its deltas (default: the completion's own)."""
+    if ids is None:
+        ids, logprobs = list(completion.token_ids), token_logprobs(completion)
     if completion.finish_reason == "length":
         return GenerationOutput(ids, logprobs, "length")
     if completion.finish_reason == "stop":
@@ -100,6 +113,8 @@ class VLLMGenerationEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.weight_version = 0
         self._ids = itertools.count()
+        self._running: dict[str, asyncio.Task] = {}  # request id -> its task on the engine's loop
+        self._aborting: set[str] = set()
         self._offloaded = False
         self._weights_awake = False  # offloaded, but a weight sync woke the weights' memory to load into it
         self._loop = asyncio.new_event_loop()
@@ -146,13 +161,39 @@ class VLLMGenerationEngine:
     async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
         from vllm.inputs import TokensPrompt
 
-        final = None
-        async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), to_vllm_sampling(sampling),
-                                               request_id=f"rlinf-{next(self._ids)}"):
-            final = output
-        if final is None or not final.outputs:
+        request_id = f"rlinf-{next(self._ids)}"
+        self._running[request_id] = asyncio.current_task()
+        ids: list[int] = []
+        logprobs: list[float] = []
+        last = None
+        try:
+            async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids),
+                                                   to_vllm_sampling(sampling), request_id=request_id):
+                if output.outputs:
+                    last = output.outputs[0]
+                    ids += last.token_ids
+                    logprobs += token_logprobs(last)
+        except asyncio.CancelledError:
+            if request_id not in self._aborting:
+                raise
+            # Cancelling the generator aborted the request in vLLM; the ids so far are kept.
+            return GenerationOutput(ids, logprobs, "abort")
+        finally:
+            self._running.pop(request_id, None)
+            self._aborting.discard(request_id)
+        if last is None:
             raise RuntimeError("vLLM returned no output for a request")
-        return to_generation_output(final.outputs[0])
+        return to_generation_output(last, ids, logprobs)
+
+    def abort_all(self) -> None:
+        """End the requests in flight at their next token boundary, each answered with the ids it has and
+        ``finish_reason`` ``abort``. Thread-safe, returns at once."""
+        def abort() -> None:
+            for request_id, task in list(self._running.items()):
+                self._aborting.add(request_id)
+                task.cancel()
+
+        self._loop.call_soon_threadsafe(abort)
 
     async def aclose(self) -> None:
         if self._thread.is_alive():

@@ -26,7 +26,7 @@ class RolloutWorker(Worker):
 
     In an asynchronous run the rank is a threaded actor: rollout calls of several steps run at once (each its
     own event loop, all on the one engine) and the weight sync arrives on another thread; the engine's
-    ``WeightGate`` swaps the weights between two turns (``weight_gate.py``)."""
+    ``WeightGate`` swaps the weights at a token boundary (``weight_gate.py``)."""
 
     def __init__(self, rollout: RolloutConfig, agent_loop: AgentLoopConfig, search: SearchToolConfig, seed: int):
         """``seed``: ``data.seed``; rank r samples from seed + r."""
@@ -109,9 +109,9 @@ class RolloutWorker(Worker):
         self.set_weight_buckets(iter([state_dict]), version)
 
     def set_weight_buckets(self, buckets, version: int) -> None:
-        # The gate closes first, then the buckets stream into the engine as the transport delivers them: the rank
-        # never holds a second copy of the model (the sender waits while the requests in flight finish).
-        self.gate.swap(lambda: self.engine.update_weights(buckets), version)
+        # The gate closes first and the requests in flight end at a token boundary, then the buckets stream into the
+        # engine as the transport delivers them: the rank never holds a second copy of the model.
+        GatedEngine(self.engine, self.gate).load_weights(buckets, version)
         self.weight_version = version
 
     def engine_activity(self) -> dict:
