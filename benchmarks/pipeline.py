@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from benchmarks.pipeline_lockstep import LOCKSTEP_MODEL  # noqa: E402
+from benchmarks.pipeline_sim import SIM_BUCKET_BYTES  # noqa: E402
 from benchmarks.service_model import SETTINGS_ENV, ServiceModel, Settings, write_settings  # noqa: E402
 from toolkits.make_tiny_model import make_tiny_model  # noqa: E402
 from toolkits.synth_task import SynthSpec, write_task  # noqa: E402
@@ -86,6 +87,7 @@ def run_config(mode: str, name: str, rollout_devices: int, work: Path, paths: di
         cfg.agent.protocol = "benchmarks.pipeline_lockstep:LockstepAgentLoop"
     cfg.runner.logger.logger_backends = ["jsonl"]
     cfg.rollout.rollout_backend = f"{_SIM}:build_engine"
+    cfg.rollout.update_weights_bucket_megabytes = SIM_BUCKET_BYTES >> 20  # one small bucket per modelled one
     cfg.rollout.model.model_path = str(paths["model"])
     cfg.actor.training_backend = f"{_SIM}:SimulatedTrainer"
     cfg.data.update(train_data_paths=[str(paths["train"])], val_data_paths=[], rollout_batch_size=args.prompts,

@@ -33,6 +33,10 @@ from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.tools.search.base import SearchHit
 from rlinf_search.workers.weight_loading import weight_buckets
 
+SIM_BUCKET_BYTES = 1 << 20
+"""Bytes of each simulated bucket (``rollout.update_weights_bucket_megabytes: 1``): small, so a run moves few real
+bytes, but one per modelled bucket."""
+
 
 # ---- the engine ------------------------------------------------------------------------------------
 
@@ -42,18 +46,28 @@ class _Request:
     context: int
     prefill: int
     done: asyncio.Future
+    decoded: int = 0
+    """Tokens decoded so far (what an abort keeps)."""
 
 
 class SimulatedEngine:
     """A continuous-batching engine: each step decodes one token of every running sequence in
     ``decode_step_s(batch, context)``; new requests join between steps (their new tokens prefilled, a
-    trajectory's earlier turns being in the prefix cache unless ``prefix_cache`` is off). A turn's length and
-    whether it searches or answers are drawn from the request's seed, so every pipeline mode samples the same
-    trajectories. The engine serves from a loop of its own on a thread, so callers from any event loop (an
-    asynchronous run's rollout calls of several steps at once) meet in one running batch."""
+    trajectory's earlier turns being in the prefix cache unless ``prefix_cache`` is off or new weights were loaded
+    since: a load resets the cache, as vLLM's ``reset_prefix_cache`` does). A turn's length and whether it searches
+    or answers are drawn from the request's seed, so every pipeline mode samples the same trajectories. The engine
+    serves from a loop of its own on a thread, so callers from any event loop (an asynchronous run's rollout calls
+    of several steps at once) meet in one running batch.
+
+    Weights: ``update_weights`` takes the sync's buckets as the transport delivers them and spends
+    ``weight_sync_s / weight_buckets`` on each before taking the next, so the sender waits for the loads as the
+    real transport makes it. ``abort_all`` ends the requests in flight at the next decode step with the tokens they
+    have; the rank's weight gate continues each on the new weights, and the continuation (the rest of the same
+    planned turn) prefills the whole context again."""
 
     CHUNK = 16
-    """Decode steps simulated per wake-up (each slept as their sum); finishing sequences end a chunk early."""
+    """Decode steps simulated per wake-up (each slept as their sum); finishing sequences end a chunk early, and an
+    abort ends it at the step it lands in."""
 
     def __init__(self, tokenizer, settings: Settings, seed: int):
         self.tokenizer, self.model = tokenizer, settings.model
@@ -67,8 +81,12 @@ class SimulatedEngine:
         self.answer_ids = encode(" <answer> unknown </answer>")
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []
+        self._continuations: dict[tuple[int, ...], tuple[list[int], str, str | None]] = {}
+        self._cached: dict[tuple[int, ...], int] = {}  # a finished turn's context -> the cache epoch it was in
+        self._epoch = 0  # weight loads so far: each resets the prefix cache
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
+        self._abort = asyncio.Event()
         threading.Thread(target=self._loop.run_forever, name="simulated-engine", daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
 
@@ -93,24 +111,47 @@ class SimulatedEngine:
             return [self.filler] * cap, "length", None
         return ids, "stop", "</search>" if search else "</answer>"
 
+    def _prefill_tokens(self, prompt_ids: list[int]) -> int:
+        """Tokens of ``prompt_ids`` a request prefills: those after the trajectory's last turn when that turn's
+        context is still cached (same weights, ``prefix_cache``), else all of them."""
+        if not self.model.prefix_cache:
+            return len(prompt_ids)
+        last_search = _last_index(prompt_ids, self.search_close)
+        if last_search < 0:
+            return len(prompt_ids)  # a first turn: the group's shared prompt is its only prefix
+        if self._cached.get(tuple(prompt_ids[: last_search + 1])) == self._epoch:
+            return len(prompt_ids) - last_search - 1
+        return len(prompt_ids)
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
-        ids, finish, stop = self._plan(prompt_ids, sampling)
-        if self.model.prefix_cache:
-            last_search = _last_index(prompt_ids, self.search_close)
-            new_tokens = len(prompt_ids) - (last_search + 1 if last_search >= 0 else 0)
-        else:
-            new_tokens = len(prompt_ids)
-        served = asyncio.run_coroutine_threadsafe(self._admit(len(ids), len(prompt_ids), new_tokens), self._loop)
-        await asyncio.wrap_future(served)
+        key = tuple(prompt_ids)
+        planned = self._continuations.pop(key, None)
+        ids, finish, stop = planned if planned is not None else self._plan(prompt_ids, sampling)
+        prefill = len(prompt_ids) if planned is not None else self._prefill_tokens(prompt_ids)
+        served = asyncio.run_coroutine_threadsafe(self._admit(len(ids), len(prompt_ids), prefill), self._loop)
+        decoded = await asyncio.wrap_future(served)
+        if decoded < len(ids):  # aborted: the rest of the turn continues from these tokens
+            self._continuations[key + tuple(ids[:decoded])] = (ids[decoded:], finish, stop)
+            return GenerationOutput(ids[:decoded], [-1.0] * decoded, "abort")
+        self._cached[key + tuple(ids)] = self._epoch
         return GenerationOutput(ids, [-1.0] * len(ids), finish, stop)
 
-    async def _admit(self, tokens: int, context: int, prefill: int) -> None:
-        """On the engine's loop: queue the request and wait until its tokens are decoded."""
+    async def _admit(self, tokens: int, context: int, prefill: int) -> int:
+        """On the engine's loop: queue the request and wait until its tokens are decoded or it is aborted;
+        returns the tokens decoded."""
         request = _Request(remaining=tokens, context=context, prefill=prefill,
                            done=asyncio.get_running_loop().create_future())
         self._waiting.append(request)
         self._wake.set()
-        await request.done
+        return await request.done
+
+    def abort_all(self) -> None:
+        """End every request in flight at the decode step running now (thread-safe; returns at once)."""
+        def abort() -> None:
+            if self._running or self._waiting:  # nothing in flight: nothing to end (a later request must not be)
+                self._abort.set()
+
+        self._loop.call_soon_threadsafe(abort)
 
     async def _serve(self) -> None:
         model = self.model
@@ -120,32 +161,61 @@ class SimulatedEngine:
                 await self._wake.wait()
             busy_since, ideal_s, tokens = time.time(), 0.0, 0
             while self._running or self._waiting:
+                if self._abort.is_set():
+                    self._end_all()
+                    break
                 room = model.max_running_requests - len(self._running)
                 joined, self._waiting = self._waiting[:room], self._waiting[room:]
                 self._running += joined
                 steps = min(self.CHUNK, min(r.remaining for r in self._running))
                 batch, context = len(self._running), sum(r.context for r in self._running)
                 prefill = model.prefill_s(sum(r.prefill for r in joined))
-                seconds = prefill + sum(model.decode_step_s(batch, context + batch * k) for k in range(steps))
+                step_s = [model.decode_step_s(batch, context + batch * k) for k in range(steps)]
+                steps = await self._sleep_steps(prefill, step_s)
                 ideal_s += model.wall(prefill + model.packed_decode_s(steps, batch, context + batch * steps // 2))
                 tokens += steps * batch
-                await asyncio.sleep(model.wall(seconds))
                 for r in self._running:
                     r.remaining -= steps
                     r.context += steps
+                    r.decoded += steps
                     if r.remaining == 0:
-                        r.done.set_result(None)
+                        r.done.set_result(r.decoded)
                 self._running = [r for r in self._running if r.remaining > 0]
             # ideal_s: this stretch's decoding and prefill as if every step ran a full batch (the ideal line).
             self.trace.interval(busy_since, time.time(), "decode", ideal_s=ideal_s, tokens=tokens)
 
+    async def _sleep_steps(self, prefill_s: float, step_s: list[float]) -> int:
+        """Sleep the prefill and the decode steps; an abort cuts it after the step it lands in. The steps done."""
+        total = self.model.wall(prefill_s + sum(step_s))
+        started = time.time()
+        try:
+            await asyncio.wait_for(self._abort.wait(), timeout=total)
+        except asyncio.TimeoutError:
+            return len(step_s)
+        elapsed, done = self.model.wall(prefill_s), 0
+        while done < len(step_s) and elapsed < time.time() - started:
+            elapsed += self.model.wall(step_s[done])
+            done += 1
+        await asyncio.sleep(max(0.0, started + elapsed - time.time()))  # the step it landed in finishes
+        return done
+
+    def _end_all(self) -> None:
+        """An abort: every request in flight or waiting is answered with the tokens it has."""
+        self._abort.clear()
+        for r in self._running + self._waiting:
+            r.done.set_result(r.decoded)
+        self._running, self._waiting = [], []
+
     def update_weights(self, weights) -> None:
-        for _ in weight_buckets(weights):  # a streamed sync's sender waits until every bucket is taken
-            pass
         start = time.time()
-        time.sleep(self.model.wall(self.model.weight_sync_s))
-        self.trace.interval(start, time.time(), "weight_sync")
+        buckets = 0
+        for _ in weight_buckets(weights):  # the next bucket is taken once this one is loaded: the sender waits
+            buckets += 1
+            time.sleep(self.model.wall(self.model.weight_sync_s / self.model.weight_buckets))
+        self.trace.interval(start, time.time(), "weight_sync", buckets=buckets)
         self.weight_version += 1
+        self._epoch += 1
+        self._cached.clear()
 
     def offload(self) -> None:
         start = time.time()
@@ -237,7 +307,11 @@ class SimulatedTrainer:
         raise RuntimeError("the simulated trainer holds nothing to offload")
 
     def rollout_state_dict(self, dtype=None, on_device: bool = False) -> dict[str, torch.Tensor]:
-        return {"simulated.weight": torch.zeros(1)}
+        """One small tensor per modelled bucket, each filling a bucket of ``SIM_BUCKET_BYTES`` (the runs set
+        ``rollout.update_weights_bucket_megabytes`` to match): the sync streams ``weight_buckets`` buckets, each
+        loaded in its modelled time before the next is taken."""
+        count = SIM_BUCKET_BYTES // 4
+        return {f"simulated.bucket_{i}": torch.zeros(count) for i in range(self.model.weight_buckets)}
 
     def export_hf(self, path, state) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,10 @@ class ServiceModel:
     """x parameters per token of the log-prob passes before the update: old (2) and reference (2) log-probs, one
     call (``SimulatedTrainer.compute_logprobs``; a run that never calls it pays them inside the update)."""
     weight_sync_s: float = 1.5
-    """Actor to engines, 6 GB of bf16 weights (assumption: NVLink broadcast plus the engine's reload)."""
+    """Actor to engines, 6 GB of bf16 weights (assumption: NVLink broadcast plus the engine's reload), spent bucket
+    by bucket while the sender waits for each (``weight_buckets``)."""
+    weight_buckets: int = 23
+    """Buckets of a sync: 6.17e9 bytes in 256 MiB buckets (this runtime's and verl's default bucket size)."""
     engine_offload_s: float = 2.0
     """Collocated only: the engine frees its KV cache and weights before training, and takes them back
     after (each way; assumption, vLLM's sleep mode is of this order)."""

@@ -134,3 +134,57 @@ def test_the_benchmark_runs_through_the_real_runtime(tmp_path):
                for name in ("lockstep", "sync")}
     assert batches["lockstep"] == batches["sync"], "the same seeds sample the same turns in either schedule"
     assert (out / "timeline.png").stat().st_size > 10_000
+
+
+def test_an_abort_keeps_the_tokens_and_the_continuation_is_the_same_turn_prefilled_again(settings, tiny_model_dir):
+    slow = Settings(model=ServiceModel(time_scale=20.0), trace_dir=settings.trace_dir)
+    engine = SimulatedEngine(AutoTokenizer.from_pretrained(tiny_model_dir), slow, seed=0)
+    prompt = engine._encode("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    sampling = SamplingParams(max_new_tokens=500, seed=next(s for s in range(100) if engine._plan(
+        prompt, SamplingParams(max_new_tokens=500, seed=s))[1] == "stop"))
+    planned, finish, stop = engine._plan(prompt, sampling)
+
+    async def scenario():
+        task = asyncio.create_task(engine.generate(prompt, sampling))
+        await asyncio.sleep(0.05)
+        engine.abort_all()
+        return await task
+
+    first = asyncio.run(scenario())
+    assert first.finish_reason == "abort" and 0 < len(first.output_ids) < len(planned)
+    assert first.output_ids == planned[: len(first.output_ids)]
+    rest = asyncio.run(engine.generate(prompt + first.output_ids, sampling))
+    assert first.output_ids + rest.output_ids == planned and (rest.finish_reason, rest.stop_string) == (finish, stop)
+    # An idle engine ignores an abort: the next request runs whole.
+    engine.abort_all()
+    again = asyncio.run(engine.generate(prompt, sampling))
+    assert again.output_ids == planned
+
+
+def test_a_load_resets_the_prefix_cache_and_a_modelled_sync_is_23_buckets(settings, tiny_model_dir):
+    from benchmarks.pipeline_sim import SIM_BUCKET_BYTES, SimulatedTrainer
+    from rlinf_search.scheduler.weight_buckets import plan_buckets
+
+    engine = SimulatedEngine(AutoTokenizer.from_pretrained(tiny_model_dir), settings, seed=0)
+    prompt = engine._encode("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    turn = engine._encode(" the the <search> q1 </search>")
+    engine._cached[tuple(prompt + turn)] = engine._epoch
+    second = prompt + turn + engine._encode(" <information> doc </information>")
+    assert engine._prefill_tokens(second) == len(second) - len(prompt) - len(turn), "the first turn is cached"
+    state = SimulatedTrainer.rollout_state_dict(SimpleTrainer())
+    plan = plan_buckets(state, SIM_BUCKET_BYTES, version=1)
+    assert len(plan.buckets) == FAST.weight_buckets == 23
+    taken = []
+
+    def buckets():
+        for index in range(len(plan.buckets)):
+            taken.append(index)
+            yield {}
+
+    engine.update_weights(buckets())
+    assert taken == list(range(23))
+    assert engine._prefill_tokens(second) == len(second), "new weights: the cache was reset, all of it again"
+
+
+class SimpleTrainer:
+    model = FAST

@@ -10,7 +10,6 @@ import time
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from rlinf_search.agents import build_agent_loop
 from rlinf_search.agents.config import AgentLoopConfig

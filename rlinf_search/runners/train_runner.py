@@ -70,7 +70,8 @@ class SearchR1Runner:
                                    project=config.runner.project_name, experiment=config.runner.experiment_name,
                                    settings=config.settings)
         receivers = {"rollout": groups.engine_group, "inference": groups.inference}
-        self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers])
+        self.weight_sync = WeightSync(groups.actor, [receivers[name] for name in config.logprobs.weight_receivers],
+                                      bucket_bytes=config.rollout.update_weights_bucket_megabytes << 20)
         self.restarts = RankRestarts(groups, lambda: self.weight_sync, max_restarts=config.cluster.max_restarts)
         self.stages = build_stages(config, groups, self.stream, self.weight_sync, restored=restored,
                                    first_step=self.state.global_step + 1, last_step=self.total_steps,

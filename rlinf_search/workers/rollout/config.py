@@ -15,7 +15,8 @@ VLLM_ONLY_KEYS = ("gpu_memory_utilization",)
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
-    """How the rollout engine is built; every field is read by an engine factory."""
+    """How the rollout engine is built and fed: every field but the weight sync's bucket size is read by an engine
+    factory."""
 
     backend: str = declared("hf", STR, at="rollout_backend")
     """``rollout.rollout_backend``: ``hf`` (the CPU default), ``vllm``, or a dotted path to a factory."""
@@ -30,6 +31,10 @@ class RolloutConfig:
     FSDP actor, leave the rest to the actor; on CPU it is the share of RAM, and about 0.3 suits a laptop."""
     tensor_parallel_size: int = declared(1, Int(ge=1))
     """Devices one engine spans. Each rollout rank drives exactly one device in this build, so 1."""
+    update_weights_bucket_megabytes: int = declared(256, Int(ge=1))
+    """``rollout.update_weights_bucket_megabytes``: the size of each bucket a weight sync streams to the engines
+    (verl's key of the same name). Read by the weight sync, not the engine: the sender packs the next bucket while
+    the engines load this one, and a receiver holds one bucket at a time."""
     seeded: bool = declared(True, BOOL)
     """``rollout.seeded``: every request samples with its own seed, derived from the rank's checkpointed
     generator, so a resumed run replays the rollout exactly and a request's tokens do not depend on what it
