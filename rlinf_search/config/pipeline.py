@@ -5,7 +5,7 @@
   passes take groups as they arrive, and the actor runs an optimizer step as soon as a mini-batch of scored
   groups is there, while the slowest trajectories are still being generated; on-policy;
 - ``async``: the rollout runs up to ``runner.max_staleness`` steps ahead of the update and never waits for it;
-  the engines take new weights between two turns (``runner.partial_rollout``); every turn records the policy
+  the engines take new weights at a token boundary (``runner.partial_rollout``); every token records the policy
   version that generated it, and the loss corrects for the lag (``algorithm.mismatch_correction``, on by default);
 - ``overlap``: ``async`` at step granularity: one step ahead, new weights only once no rollout is in flight,
   and the update takes the whole step at once (the default of a disaggregated placement).

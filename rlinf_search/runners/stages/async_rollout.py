@@ -7,13 +7,13 @@ as in ``stream``; several batches roll out on a rank at once (each a call of its
 on its one engine), so an engine never runs dry at a step's tail while the actor trains.
 
 Weights. With ``partial_rollout`` (the ``async`` default) a step's update goes out as soon as it is done and each
-engine takes it between two turns (``workers/rollout/weight_gate.py``): a trajectory in flight continues on the
-new policy at its next turn. The next step does not wait for the engines to load it (each first lets the turns
-in flight finish): it starts training its own batch at once, while a thread of the driver waits for the load and
+engine takes it at a token boundary (``workers/rollout/weight_gate.py``): the requests in flight are aborted and
+continue on the new policy from the ids they have (an engine that cannot abort lets their turns finish first).
+The next step does not wait for the engines to load it: it starts training its own batch at once, while a thread of the driver waits for the load and
 then admits the batch k steps ahead. Without partial rollouts (``overlap``) the update is held back until no
 rollout is in flight, so every batch is sampled by one version.
 
-Staleness. Every turn records the policy version that generated it. Step s trains with the actor at version s-1;
+Staleness. Every token records the policy version that sampled it. Step s trains with the actor at version s-1;
 its batch was admitted at version >= s-1-k and none of its tokens is older, so no token is more than k versions
 behind: a group is never too old to train and none is dropped. The step trains exactly its own batch (the order
 of admission), waiting, if it must, for that batch's last group, which has been rolling out since up to k steps
