@@ -2,8 +2,9 @@
 with simulated service times, beside the ideal (the same GPU work perfectly packed).
 
     python benchmarks/pipeline.py [--devices 8] [--rollout-devices 2,3,4,5] [--prompts 512] [--group-size 5]
-                                  [--max-turns 4] [--steps 3] [--modes lockstep,sync,overlap,stream,async]
-                                  [--max-staleness 1] [--agent-loop-workers 0] [--set FIELD=VALUE ...]
+                                  [--max-turns 4] [--lockstep-turns 2,4] [--steps 3] [--seeds 0,1,2]
+                                  [--modes lockstep,sync,overlap,stream,async] [--max-staleness 1,2,4]
+                                  [--agent-loop-workers 0] [--set FIELD=VALUE ...]
 
 Each mode is a real training run (``runners/train_main.train``: Ray worker groups, the Search-R1 agent
 loops, the SearchTool group and its client, sharded reward ranks, the channel of finished groups, weight
@@ -13,13 +14,21 @@ CPU slots stand for the GPUs; ``lockstep`` and ``sync`` put engines and actor on
 aside for training); ``overlap``, ``stream`` and ``async`` give each of ``--rollout-devices`` (a comma list: a
 sweep) to the engines and the rest to the actor. ``lockstep`` is Search-R1's own loop: ``sync``'s placement,
 a global barrier and one batched retrieval per turn, and its recipe's engine and trainer settings
-(``benchmarks/pipeline_lockstep.py``: each with its source or marked an assumption).
+(``benchmarks/pipeline_lockstep.py``: each with its source or marked an assumption). It runs as a range:
+``--lockstep-turns`` (2 is Search-R1's ``train_grpo.sh``), each with generation stopped at the action tag and
+without (Search-R1's loop decodes on and cuts the text), plus one row with the fitted 20 ms decode overhead,
+shown apart. ``async`` runs once per ``--max-staleness``; every configuration once per ``--seeds``.
 
-The table gives the mean step time after the first step (from the runs' metrics.jsonl), each group's idle
-share of those steps (from the busy intervals the simulated components log), the trajectories' p99/median
-time and the mean staleness of the trained tokens; the ``ideal`` line is sync's GPU work (every decode step
-counted as a share of a full batch, every actor pass) divided over the devices. ``--out`` gets ``results.json``
-and ``timeline.png`` (one row per rank, busy vs idle).
+A weight sync costs what the real code makes it cost: the simulated trainer sends the modelled bucket count
+(23), each engine loads each bucket in its modelled time before taking the next (so the sender waits), through
+the real weight gate, which aborts the requests in flight (``async``) or waits for them; an aborted request
+prefills its whole context again on the new weights, and every load resets the engines' prefix cache.
+
+The table gives each configuration's mean step time after the first step over its seeds (and their standard
+deviation), each group's idle share of those steps (from the busy intervals the simulated components log), the
+trajectories' p99/median time and the mean staleness of the trained tokens; the ``ideal`` line is sync's GPU work
+(every decode step counted as a share of a full batch, every actor pass) divided over the devices. ``--out`` gets
+``results.json`` and ``timeline.png`` (one row per rank, busy vs idle, the first seed of each configuration).
 """
 
 from __future__ import annotations
@@ -39,7 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from benchmarks.pipeline_lockstep import LOCKSTEP_MODEL  # noqa: E402
+from benchmarks.pipeline_lockstep import LOCKSTEP_FIT, LOCKSTEP_MODEL, LOCKSTEP_NO_STOP  # noqa: E402
+from benchmarks.pipeline_report import GROUPS, lockstep_range, mean_over_seeds, plot_timeline, table  # noqa: E402
 from benchmarks.pipeline_sim import SIM_BUCKET_BYTES  # noqa: E402
 from benchmarks.service_model import SETTINGS_ENV, ServiceModel, Settings, write_settings  # noqa: E402
 from toolkits.make_tiny_model import make_tiny_model  # noqa: E402
@@ -48,7 +58,6 @@ from toolkits.synth_task import SynthSpec, write_task  # noqa: E402
 MODES = ("lockstep", "sync", "overlap", "stream", "async")
 SPLIT_MODES = ("overlap", "stream", "async")
 """Modes on disjoint engine and actor devices: run once per ``--rollout-devices`` split."""
-GROUPS = ("rollout", "actor", "search")
 _TRAIN = ("import sys; from omegaconf import OmegaConf; from rlinf_search.config import validate_cfg; "
           "from rlinf_search.runners.train_main import train; train(validate_cfg(OmegaConf.load(sys.argv[1])))")
 _SIM = "benchmarks.pipeline_sim"
@@ -72,7 +81,28 @@ def placement(mode: str, devices: int, rollout_devices: int) -> dict[str, str]:
     return {"rollout": f"0-{rollout_devices - 1}", "actor": f"{rollout_devices}-{devices - 1}", "reward": reward}
 
 
-def run_config(mode: str, name: str, rollout_devices: int, work: Path, paths: dict, args) -> Path:
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One configuration the benchmark runs (once per seed)."""
+
+    mode: str
+    """``lockstep``, ``sync``, ``overlap``, ``stream`` or ``async``."""
+    name: str
+    """Its row in the table (seeds are suffixed to the run folders)."""
+    rollout_devices: int
+    """Engines' devices (all of them in the shared modes)."""
+    max_turns: int
+    """``agentloop.max_turns``."""
+    max_staleness: int = 1
+    """``runner.max_staleness`` (``async``)."""
+    model_changes: tuple = ()
+    """(field, value) pairs of the ``ServiceModel`` this run changes (lockstep's own, its range and its fit)."""
+    fitted: bool = False
+    """Uses the one fitted figure (``LOCKSTEP_FIT``): shown apart, never a ratio's base."""
+
+
+def run_config(spec: RunSpec, name: str, work: Path, paths: dict, args, seed: int) -> Path:
+    mode, rollout_devices = spec.mode, spec.rollout_devices
     cfg = OmegaConf.load(ROOT / "examples/searchr1/config/tiny-cpu.yaml")
     del cfg["hydra"]
     out = work / name
@@ -82,7 +112,7 @@ def run_config(mode: str, name: str, rollout_devices: int, work: Path, paths: di
                       resume_dir=None, rollout_dump=0, pipeline="sync" if mode == "lockstep" else mode,
                       seq_length=4096)
     if mode == "async":
-        cfg.runner.max_staleness = args.max_staleness
+        cfg.runner.max_staleness = spec.max_staleness
     if mode == "lockstep":
         cfg.agent.protocol = "benchmarks.pipeline_lockstep:LockstepAgentLoop"
     cfg.runner.logger.logger_backends = ["jsonl"]
@@ -91,26 +121,26 @@ def run_config(mode: str, name: str, rollout_devices: int, work: Path, paths: di
     cfg.rollout.model.model_path = str(paths["model"])
     cfg.actor.training_backend = f"{_SIM}:SimulatedTrainer"
     cfg.data.update(train_data_paths=[str(paths["train"])], val_data_paths=[], rollout_batch_size=args.prompts,
-                    max_prompt_length=512)
+                    max_prompt_length=512, seed=seed)
     # Search-R1's GRPO recipe: 5 samples, 2 mini-batches (ppo_mini_batch_size 256 of 512), 500 tokens a turn,
     # 500 of observation, top-3 passages. Old log-probs are recomputed by the actor (the reference pass folded
     # into that call: kl_beta 0 here); stream cannot recompute on the actor, so its update pays for both passes.
     cfg.algorithm.update(group_size=args.group_size, n_minibatches=args.minibatches,
                          recompute_logprobs=mode != "stream", kl_beta=0.0)
     cfg.algorithm.sampling_params.max_new_tokens = 500
-    cfg.agentloop.update(max_turns=args.max_turns, max_tool_response_length=500, max_passage_tokens=150)
+    cfg.agentloop.update(max_turns=spec.max_turns, max_tool_response_length=500, max_passage_tokens=150)
     cfg.tools.search.update(backend=f"{_SIM}:build_search_backend", topk=3, num_workers=2)
     cfg.agentloop.num_workers = args.agent_loop_workers  # >= 1: engine servers behind the AgentLoop group's routers
-    path = work / f"{mode}.yaml"
+    path = work / f"{name}.yaml"
     OmegaConf.save(cfg, path)
     return path
 
 
-def run_mode(mode: str, name: str, rollout_devices: int, work: Path, paths: dict, args,
-             env: dict) -> tuple[dict, list[dict]]:
+def run_mode(spec: RunSpec, name: str, work: Path, paths: dict, args, env: dict,
+             seed: int) -> tuple[dict, list[dict]]:
     """The run's summary and its trace (every busy interval the simulated components logged)."""
     shutil.rmtree(work / name, ignore_errors=True)  # metrics.jsonl appends: a rerun starts clean
-    config = run_config(mode, name, rollout_devices, work, paths, args)
+    config = run_config(spec, name, work, paths, args, seed)
     print(f"running {name} ({args.steps} steps)...", flush=True)
     with (work / f"{name}.log").open("w") as log:
         subprocess.run([sys.executable, "-c", _TRAIN, str(config)], check=True, cwd=ROOT, stdout=log,
@@ -187,65 +217,6 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
-def table(results: dict[str, dict], ideal: float | None) -> str:
-    """One row per run (``ideal``: the packed step, seconds) and an ``ideal`` row; ratios against lockstep, sync
-    and the ideal where those ran."""
-    lockstep = results.get("lockstep", {}).get("step_s")
-    sync = results.get("sync", {}).get("step_s")
-
-    def ratio(value: float, base: float | None) -> str:
-        return f"{value / base:.2f}x" if base else "-"
-
-    lines = ["| mode | engines+actor | step s | vs lockstep | vs sync | vs ideal | GPUs idle | idle engines | "
-             "idle actor | idle retriever | traj p50 s | traj p99 s | mean lag |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, r in results.items():
-        lines.append(f"| {r['mode']} | {r['split']} | {r['step_s']:.1f} | {ratio(r['step_s'], lockstep)} | "
-                     f"{ratio(r['step_s'], sync)} | {ratio(r['step_s'], ideal)} | {r['idle_gpus']:.0%} | "
-                     f"{r['idle_rollout']:.0%} | {r['idle_actor']:.0%} | {r['idle_search']:.0%} | "
-                     f"{r['trajectory_p50_s']:.1f} | {r['trajectory_p99_s']:.1f} | {r['mean_lag']:.2f} |")
-    if ideal:
-        lines.append(f"| ideal | packed | {ideal:.1f} | {ratio(ideal, lockstep)} | {ratio(ideal, sync)} | 1.00x | "
-                     "0% | - | - | - | - | - | - |")
-    return "\n".join(lines)
-
-
-COLOURS = {"decode": "tab:blue", "train": "tab:orange", "logprobs": "tab:brown", "retrieve": "tab:green",
-           "weight_sync": "tab:red", "offload": "tab:gray", "onload": "tab:gray"}
-
-
-def plot_timeline(traces: dict[str, list[dict]], results: dict[str, dict], path: Path) -> None:
-    """One panel per mode; one row per rank of each group; coloured where busy, blank where idle."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    fig, axes = plt.subplots(len(traces), 1, figsize=(12, 2.6 * len(traces)), squeeze=False)
-    for ax, (mode, trace) in zip(axes[:, 0], traces.items()):
-        t0 = min(row["start"] for row in trace)
-        labels, y = [], 0
-        for group in GROUPS:
-            pids = sorted({row["pid"] for row in trace if row["group"] == group})
-            for i, pid in enumerate(pids):
-                for row in trace:
-                    if row["pid"] == pid and row["group"] == group:
-                        ax.broken_barh([(row["start"] - t0, row["end"] - row["start"])], (y, 0.8),
-                                       color=COLOURS.get(row["what"], "black"), linewidth=0)
-                labels.append(f"{group} {i}")
-                y += 1
-        for edge in results[mode]["window"]:
-            ax.axvline(edge - t0, color="black", linestyle=":", linewidth=0.8)
-        ax.set_yticks([i + 0.4 for i in range(len(labels))], labels, fontsize=6)
-        ax.set_title(f"{mode}: {results[mode]['step_s']:.0f} s a step (dotted: the steps measured)", fontsize=9)
-        ax.set_xlabel("seconds")
-    fig.legend(handles=[Patch(color=c, label=w) for w, c in COLOURS.items() if w != "onload"],
-               loc="upper right", fontsize=7, ncol=5)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=110)
-
-
 def service_model(overrides: list[str], parser: argparse.ArgumentParser) -> ServiceModel:
     """The default ``ServiceModel`` with each ``--set FIELD=VALUE`` applied (``time_scale=2``: twice as fast)."""
     fields = {f.name: f for f in dataclasses.fields(ServiceModel)}
@@ -260,16 +231,32 @@ def service_model(overrides: list[str], parser: argparse.ArgumentParser) -> Serv
     return dataclasses.replace(ServiceModel(), **changes)
 
 
-def runs(modes: list[str], splits: list[int], devices: int,
-         swept: tuple[str, ...] = SPLIT_MODES) -> list[tuple[str, str, int]]:
-    """(mode, run name, engine devices) of every run: a swept split mode once per split, another split mode at
-    the first split only, the shared modes once."""
+def runs(modes: list[str], splits: list[int], devices: int, *, max_turns: int, staleness: list[int],
+         lockstep_turns: list[int], swept: tuple[str, ...] = SPLIT_MODES) -> list[RunSpec]:
+    """Every configuration: a swept split mode once per split, another split mode at the first split only, the
+    shared modes once; ``async`` once per ``staleness``; ``lockstep`` over its range (``lockstep_turns`` x stopped
+    at the action tag or not) and once fitted (4 turns, stopped, ``LOCKSTEP_FIT``)."""
     out = []
+    own = tuple(LOCKSTEP_MODEL.items())
     for mode in modes:
-        mode_splits = splits if mode in swept else splits[:1]
-        for rollout_devices in (mode_splits if mode in SPLIT_MODES else [devices]):
-            name = f"{mode}-{rollout_devices}+{devices - rollout_devices}" if mode in SPLIT_MODES else mode
-            out.append((mode, name, rollout_devices))
+        if mode == "lockstep":
+            for turns in lockstep_turns:
+                out.append(RunSpec(mode, f"lockstep-t{turns}", devices, turns, model_changes=own))
+                out.append(RunSpec(mode, f"lockstep-t{turns}-nostop", devices, turns,
+                                   model_changes=own + tuple(LOCKSTEP_NO_STOP.items())))
+            out.append(RunSpec(mode, "lockstep-fit", devices, 4, model_changes=own + tuple(LOCKSTEP_FIT.items()),
+                               fitted=True))
+            continue
+        if mode not in SPLIT_MODES:
+            out.append(RunSpec(mode, mode, devices, max_turns))
+            continue
+        for rollout_devices in (splits if mode in swept else splits[:1]):
+            split = f"{rollout_devices}+{devices - rollout_devices}"
+            if mode == "async":
+                out += [RunSpec(mode, f"async-k{k}-{split}", rollout_devices, max_turns, max_staleness=k)
+                        for k in staleness]
+            else:
+                out.append(RunSpec(mode, f"{mode}-{split}", rollout_devices, max_turns))
     return out
 
 
@@ -283,9 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--group-size", type=int, default=5)
     parser.add_argument("--minibatches", type=int, default=2)
-    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--max-turns", type=int, default=4, help="agentloop.max_turns of every mode but lockstep")
+    parser.add_argument("--lockstep-turns", default="2,4",
+                        help="lockstep's range: its max_turns values, each with and without a stop at the action tag")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--max-staleness", type=int, default=1, help="runner.max_staleness of the async runs")
+    parser.add_argument("--seeds", default="0", help="data.seed of each run: every configuration runs once per seed")
+    parser.add_argument("--max-staleness", default="1", help="runner.max_staleness of the async runs (a comma list)")
     parser.add_argument("--agent-loop-workers", type=int, default=0,
                         help="agentloop.num_workers: 0 runs the agent loops inside the rollout ranks")
     parser.add_argument("--modes", default=",".join(MODES))
@@ -296,47 +286,68 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     splits = [int(r) for r in args.rollout_devices.split(",") if r]
     swept = tuple(m for m in args.sweep_modes.split(",") if m)
+    seeds = [int(x) for x in args.seeds.split(",") if x]
     unknown = [m for m in modes if m not in MODES] + [m for m in swept if m not in SPLIT_MODES]
-    if unknown or not splits or not all(0 < r < args.devices for r in splits):
+    if unknown or not splits or not all(0 < r < args.devices for r in splits) or not seeds:
         parser.error(f"--modes from {', '.join(MODES)}, --sweep-modes from {', '.join(SPLIT_MODES)}; each of "
-                     f"--rollout-devices between 1 and --devices - 1")
+                     f"--rollout-devices between 1 and --devices - 1; at least one seed")
     model = service_model(args.set, parser)
+    specs = runs(modes, splits, args.devices, max_turns=args.max_turns,
+                 staleness=[int(k) for k in args.max_staleness.split(",") if k],
+                 lockstep_turns=[int(t) for t in args.lockstep_turns.split(",") if t], swept=swept)
     work = Path(args.out or tempfile.mkdtemp(prefix="bench_pipeline_"))
     work.mkdir(parents=True, exist_ok=True)
     paths = prepare(work, args.prompts)
     results, traces = {}, {}
-    for mode, name, rollout_devices in runs(modes, splits, args.devices, swept):
-        trace_dir = work / f"trace-{name}"
-        trace_dir.mkdir(exist_ok=True)
-        for old in trace_dir.glob("*.jsonl"):
-            old.unlink()
-        mode_model = dataclasses.replace(model, **LOCKSTEP_MODEL) if mode == "lockstep" else model
-        settings = write_settings(work / "settings.json", Settings(model=mode_model, trace_dir=str(trace_dir)))
-        env = {**os.environ, SETTINGS_ENV: str(settings)}
-        results[name], traces[name] = run_mode(mode, name, rollout_devices, work, paths, args, env)
-        results[name].update(mode=mode, rollout_devices=rollout_devices,
-                             split=f"{rollout_devices}+{args.devices - rollout_devices}" if mode in SPLIT_MODES
-                             else f"{args.devices} shared",
-                             idle_gpus=gpu_idle(mode, results[name], args.devices, rollout_devices))
+    for spec in specs:
+        per_seed = []
+        for seed in seeds:
+            # One folder a seed; the first seed's keeps the plain name (its trace is the one drawn).
+            name = spec.name if seed == seeds[0] else f"{spec.name}-s{seed}"
+            trace_dir = work / f"trace-{name}"
+            trace_dir.mkdir(exist_ok=True)
+            for old in trace_dir.glob("*.jsonl"):
+                old.unlink()
+            run_model = dataclasses.replace(model, **dict(spec.model_changes))
+            settings = write_settings(work / "settings.json", Settings(model=run_model, trace_dir=str(trace_dir)))
+            env = {**os.environ, SETTINGS_ENV: str(settings)}
+            summary, trace = run_mode(spec, name, work, paths, args, env, seed)
+            per_seed.append(summary)
+            if seed == seeds[0]:
+                traces[spec.name] = trace
+        result = mean_over_seeds(per_seed)
+        result.update(mode=spec.mode, rollout_devices=spec.rollout_devices, max_turns=spec.max_turns,
+                      max_staleness=spec.max_staleness, fitted=spec.fitted, model_changes=dict(spec.model_changes),
+                      split=f"{spec.rollout_devices}+{args.devices - spec.rollout_devices}" if spec.mode in SPLIT_MODES
+                      else f"{args.devices} shared",
+                      idle_gpus=gpu_idle(spec.mode, result, args.devices, spec.rollout_devices))
+        results[spec.name] = result
     if model.time_scale != 1:
         print("note: time_scale speeds the simulation up, but not the runtime's own CPU work: it then weighs more")
-    print(f"\n{args.devices} devices, {args.prompts} prompts x {args.group_size}, up to {args.max_turns} tool turns, "
-          f"{args.minibatches} mini-batches, {args.agent_loop_workers} agent-loop ranks, async max_staleness "
-          f"{args.max_staleness}, time scale {model.time_scale:g} (the table is in simulated seconds); "
-          f"model changes: {args.set or 'none'}; lockstep's own: {LOCKSTEP_MODEL}")
-    timed = ("step_s", "ideal_step_s", "trajectory_p50_s", "trajectory_p99_s")
-    scaled = {n: {**r, **{k: r[k] * model.time_scale for k in timed}} for n, r in results.items()}
+    print(f"\n{args.devices} devices, {args.prompts} prompts x {args.group_size}, up to {args.max_turns} tool turns "
+          f"(lockstep: {args.lockstep_turns}), {args.minibatches} mini-batches, {args.agent_loop_workers} agent-loop "
+          f"ranks, async max_staleness {args.max_staleness}, {args.steps} steps x seeds {args.seeds}, time scale "
+          f"{model.time_scale:g} (the table is in simulated seconds); model changes: {args.set or 'none'}; "
+          f"lockstep's own: {LOCKSTEP_MODEL}, without the stop: {LOCKSTEP_NO_STOP}, fitted: {LOCKSTEP_FIT}")
+    timed = ("step_s", "step_s_sd", "ideal_step_s", "trajectory_p50_s", "trajectory_p99_s")
+    scaled = {n: {**r, **{k: r[k] * model.time_scale for k in timed},
+                  "seed_step_s": [x * model.time_scale for x in r["seed_step_s"]]} for n, r in results.items()}
     ideal = scaled["sync"]["ideal_step_s"] if "sync" in scaled else None
     print(table(scaled, ideal))
     best = {mode: min((r for r in scaled.values() if r["mode"] == mode), key=lambda r: r["step_s"])
             for mode in SPLIT_MODES if any(r["mode"] == mode for r in scaled.values())}
+    best_names = {mode: next(n for n, r in scaled.items() if r is best[mode]) for mode in best}
     for mode, r in best.items():
-        print(f"best {mode}: {r['split']} at {r['step_s']:.1f} s")
-    (work / "results.json").write_text(json.dumps({"args": vars(args), "lockstep_model": LOCKSTEP_MODEL,
-                                                   "ideal_step_s": ideal, "results": scaled,
-                                                   "best": {m: r["split"] for m, r in best.items()}}, indent=1))
-    # The timeline shows the runs of the shared placement and each split mode's best split.
-    shown = [n for n, r in scaled.items() if r["mode"] not in SPLIT_MODES or r is best[r["mode"]]]
+        print(f"best {mode}: {best_names[mode]} at {r['step_s']:.1f} s")
+    span = lockstep_range(scaled)
+    if span:
+        print(f"lockstep range: {span[0]:.1f} - {span[1]:.1f} s")
+    (work / "results.json").write_text(json.dumps({
+        "args": vars(args), "lockstep_model": LOCKSTEP_MODEL, "lockstep_no_stop": LOCKSTEP_NO_STOP,
+        "lockstep_fit": LOCKSTEP_FIT, "lockstep_range_s": span, "ideal_step_s": ideal, "results": scaled,
+        "best": best_names}, indent=1))
+    # The timeline shows the runs of the shared placement and each split mode's best configuration.
+    shown = [n for n, r in scaled.items() if r["mode"] not in SPLIT_MODES or n in best_names.values()]
     plot_timeline({n: traces[n] for n in shown}, results, work / "timeline.png")
     print(f"results and timeline: {work}")
     return 0

@@ -35,9 +35,6 @@ LOCKSTEP_MODEL = {
     # Search-R1 verl/trainer/config/ppo_trainer.yaml, rollout.free_cache_engine: True: the KV cache is freed after
     # every generate call, so each turn prefills the trajectory's whole context again.
     "prefix_cache": False,
-    # ppo_trainer.yaml, rollout.enforce_eager: True: no CUDA graphs, every decode step launches each kernel of the
-    # 36 layers from Python. 20 ms a step is an assumption (4 ms with graphs), calibrated against RLinf's 133 s.
-    "decode_step_overhead_s": 0.020,
     # ppo_trainer.yaml, rollout.max_num_seqs: 1024 (this runtime's GPU recipe: 256).
     "max_running_requests": 1024,
     # train_grpo.sh: actor fsdp_config param_offload, grad_offload, optimizer_offload all true: the actor's
@@ -45,7 +42,19 @@ LOCKSTEP_MODEL = {
     # 1 s at about 12 GB/s effective (assumption).
     "trainer_offload_s": 1.0,
 }
-"""``ServiceModel`` fields ``lockstep`` changes, and why; every other field is the other modes'."""
+"""``ServiceModel`` fields ``lockstep`` changes, and why; every other field is the other modes'.
+
+The range ``benchmarks/pipeline.py`` runs around them: ``max_turns`` 2 (Search-R1's ``train_grpo.sh``) and 4 (the
+other modes'), each with generation stopped at the action tag (as here) and without (``LOCKSTEP_NO_STOP``)."""
+
+LOCKSTEP_NO_STOP = {"tokens_after_action": 0.25}
+"""Search-R1's loop does not stop generation at ``</search>``: the text is cut after it. Its users report over
+20 % of decoding wasted this way; 0.25 of a turn's tokens is an assumption after those reports."""
+
+LOCKSTEP_FIT = {"decode_step_overhead_s": 0.020}
+"""The one fitted figure, shown apart from the range: ppo_trainer.yaml, rollout.enforce_eager: True (no CUDA
+graphs, every decode step launches each kernel of the 36 layers from Python). 20 ms a step instead of 4 is an
+assumption, chosen so ``lockstep`` (4 turns, stopped at the tag) lands at RLinf's 133 s."""
 
 BARRIER_NAME = "rlinf_search_lockstep_barrier"
 

@@ -128,7 +128,10 @@ class SimulatedEngine:
         planned = self._continuations.pop(key, None)
         ids, finish, stop = planned if planned is not None else self._plan(prompt_ids, sampling)
         prefill = len(prompt_ids) if planned is not None else self._prefill_tokens(prompt_ids)
-        served = asyncio.run_coroutine_threadsafe(self._admit(len(ids), len(prompt_ids), prefill), self._loop)
+        # Without a stop at the action tag the engine decodes on past it; the loop cuts those tokens off.
+        wasted = int(len(ids) * self.model.tokens_after_action) if finish == "stop" and planned is None else 0
+        served = asyncio.run_coroutine_threadsafe(self._admit(len(ids) + wasted, len(prompt_ids), prefill),
+                                                  self._loop)
         decoded = await asyncio.wrap_future(served)
         if decoded < len(ids):  # aborted: the rest of the turn continues from these tokens
             self._continuations[key + tuple(ids[:decoded])] = (ids[decoded:], finish, stop)

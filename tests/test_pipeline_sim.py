@@ -109,11 +109,13 @@ def test_the_benchmark_runs_through_the_real_runtime(tmp_path):
     out = tmp_path / "bench"
     subprocess.run([sys.executable, str(ROOT / "benchmarks/pipeline.py"), "--devices", "2", "--rollout-devices", "1",
                     "--prompts", "4", "--group-size", "2", "--steps", "2", "--set", "time_scale=20", "--out", str(out),
-                    "--modes", "lockstep,sync,async"],  # overlap and stream share async's placement: the lane stays short
+                    "--modes", "lockstep,sync,async", "--lockstep-turns", "4"],  # overlap and stream: async's placement
                    check=True, cwd=ROOT, timeout=900)
     report = json.loads((out / "results.json").read_text())
     results = report["results"]
-    assert set(results) == {"lockstep", "sync", "async-1+1"} and report["best"] == {"async": "1+1"}
+    assert set(results) == {"lockstep-t4", "lockstep-t4-nostop", "lockstep-fit", "sync", "async-k1-1+1"}
+    assert report["best"] == {"async": "async-k1-1+1"} and results["lockstep-fit"]["fitted"]
+    assert report["lockstep_range_s"][0] <= results["lockstep-t4-nostop"]["step_s"] <= report["lockstep_range_s"][1]
     assert 0 < report["ideal_step_s"] < results["sync"]["step_s"], "the packed step is shorter than any real one"
     for name, result in results.items():
         assert result["steps"] == 1 and result["step_s"] > 0
@@ -125,23 +127,32 @@ def test_the_benchmark_runs_through_the_real_runtime(tmp_path):
         # Two optimizer steps (mini-batches) a step on each actor rank, two steps; old log-probs recomputed.
         assert max(row["optimizer_step"] for row in trace if row["what"] == "train") == 4
         assert any(row["what"] == "logprobs" for row in trace)
-    assert results["async-1+1"]["mean_lag"] > 0 and results["sync"]["mean_lag"] == 0
+    assert results["async-k1-1+1"]["mean_lag"] > 0 and results["sync"]["mean_lag"] == 0
+    # Every weight sync streamed the modelled 23 buckets into each engine.
+    syncs = [json.loads(line) for path in (out / "trace-async-k1-1+1").glob("rollout-*.jsonl")
+             for line in path.read_text().splitlines()]
+    assert {row["buckets"] for row in syncs if row["what"] == "weight_sync"} == {23}
     # Lockstep: one batched retrieval per turn for every rank, and the same trajectories sync samples.
-    lockstep = [json.loads(line) for path in (out / "trace-lockstep").glob("search-*.jsonl")
+    lockstep = [json.loads(line) for path in (out / "trace-lockstep-t4").glob("search-*.jsonl")
                 for line in path.read_text().splitlines()]
     assert len({row["pid"] for row in lockstep}) == 1 and all(row["queries"] >= 1 for row in lockstep)
     batches = {name: [json.loads(line) for line in (out / name / "logs" / "batches.jsonl").read_text().splitlines()]
-               for name in ("lockstep", "sync")}
-    assert batches["lockstep"] == batches["sync"], "the same seeds sample the same turns in either schedule"
+               for name in ("lockstep-t4", "sync")}
+    assert batches["lockstep-t4"] == batches["sync"], "the same seeds sample the same turns in either schedule"
     assert (out / "timeline.png").stat().st_size > 10_000
 
 
 def test_an_abort_keeps_the_tokens_and_the_continuation_is_the_same_turn_prefilled_again(settings, tiny_model_dir):
-    slow = Settings(model=ServiceModel(time_scale=20.0), trace_dir=settings.trace_dir)
+    slow = Settings(model=ServiceModel(time_scale=2.0), trace_dir=settings.trace_dir)  # about 3.5 ms a token
     engine = SimulatedEngine(AutoTokenizer.from_pretrained(tiny_model_dir), slow, seed=0)
     prompt = engine._encode("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
-    sampling = SamplingParams(max_new_tokens=500, seed=next(s for s in range(100) if engine._plan(
-        prompt, SamplingParams(max_new_tokens=500, seed=s))[1] == "stop"))
+
+    def plan(seed):
+        return engine._plan(prompt, SamplingParams(max_new_tokens=500, seed=seed))
+
+    # A turn of 100 tokens or more that ends in its action: about 0.35 s, the abort lands inside it.
+    sampling = SamplingParams(max_new_tokens=500, seed=next(s for s in range(200) if plan(s)[1] == "stop"
+                                                            and len(plan(s)[0]) >= 100))
     planned, finish, stop = engine._plan(prompt, sampling)
 
     async def scenario():
@@ -188,3 +199,25 @@ def test_a_load_resets_the_prefix_cache_and_a_modelled_sync_is_23_buckets(settin
 
 class SimpleTrainer:
     model = FAST
+
+
+def test_each_configuration_is_averaged_over_its_seeds_and_lockstep_runs_as_a_range():
+    from benchmarks.pipeline import runs
+    from benchmarks.pipeline_report import lockstep_range, mean_over_seeds
+
+    specs = runs(["lockstep", "sync", "async"], [2, 3], 8, max_turns=4, staleness=[1, 2, 4], lockstep_turns=[2, 4])
+    names = [spec.name for spec in specs]
+    assert names == ["lockstep-t2", "lockstep-t2-nostop", "lockstep-t4", "lockstep-t4-nostop", "lockstep-fit", "sync",
+                     "async-k1-2+6", "async-k2-2+6", "async-k4-2+6", "async-k1-3+5", "async-k2-3+5", "async-k4-3+5"]
+    by_name = {spec.name: spec for spec in specs}
+    assert by_name["lockstep-t2"].max_turns == 2 and dict(by_name["lockstep-t2-nostop"].model_changes)[
+        "tokens_after_action"] > 0
+    assert by_name["lockstep-fit"].fitted and "decode_step_overhead_s" not in dict(by_name["lockstep-t4"].model_changes)
+    merged = mean_over_seeds([{"step_s": 10.0, "mean_lag": 1.0, "window": [0, 1]},
+                              {"step_s": 14.0, "mean_lag": 2.0, "window": [5, 6]}])
+    assert merged["step_s"] == 12.0 and merged["mean_lag"] == 1.5 and merged["window"] == [0, 1]
+    assert merged["step_s_sd"] == pytest.approx(2.8284, abs=1e-3) and merged["seed_step_s"] == [10.0, 14.0]
+    results = {"lockstep-t2": {"mode": "lockstep", "fitted": False, "step_s": 90.0},
+               "lockstep-fit": {"mode": "lockstep", "fitted": True, "step_s": 200.0},
+               "lockstep-t4-nostop": {"mode": "lockstep", "fitted": False, "step_s": 150.0}}
+    assert lockstep_range(results) == (90.0, 150.0), "the fitted row is never the range"
