@@ -171,13 +171,16 @@ def test_a_swap_aborts_vllm_at_a_token_boundary_and_the_request_continues_on_the
     original = {name: value.clone() for name, value in hf_model.state_dict().items()}
     torch.manual_seed(2)
     perturbed = {name: value + 0.05 * torch.randn_like(value) for name, value in original.items()}
+    engine.update_weights(original)  # earlier tests may leave the engine on other weights than the HF model's
     gate = WeightGate(version=5)
     gated = GatedEngine(engine, gate)
     assert gated.interrupts
 
+    asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=8, greedy=True)))  # warm: no start-up cost
+
     async def scenario():
         task = asyncio.create_task(gated.generate(prompt, long))
-        await asyncio.sleep(0.3)  # some tokens in
+        await asyncio.sleep(1.0)  # about a quarter of the 400 tokens (3.7 s on a 2-core CPU)
         await asyncio.to_thread(gated.load_weights, perturbed, 6)
         return await task
 

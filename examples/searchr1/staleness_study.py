@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rlinf_search.plot import find_metrics  # noqa: E402
 TOPK = 1  # the demo's
 
 
@@ -54,8 +57,8 @@ class Cell:
         if self.pipeline == "sync":
             return []
         correction = "null" if self.correction == "none" else self.correction
-        return ["runner.pipeline=async", f"runner.max_staleness={self.staleness}",
-                f"algorithm.mismatch_correction={correction}"]
+        return ["++runner.pipeline=async", f"++runner.max_staleness={self.staleness}",
+                f"++algorithm.mismatch_correction={correction}"]
 
 
 def start_server(base: Path, out: Path) -> tuple[subprocess.Popen, str]:
@@ -96,7 +99,7 @@ def run_cell(cell: Cell, base: Path, out: Path, address: str, args) -> dict:
 
 def read_cell(cell: Cell, folder: Path) -> dict:
     overall = json.loads((folder / "eval" / "eval_results.json").read_text())["overall"]
-    steps = [json.loads(line) for line in (folder / "rl" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [json.loads(line) for line in find_metrics(folder / "rl").read_text().splitlines() if line.strip()]
     steps = [row for row in steps if "reward/mean" in row]
     lags = [row.get("staleness/mean_lag", 0.0) for row in steps]
     return {"cell": cell.name, "pipeline": cell.pipeline, "staleness": cell.staleness, "correction": cell.correction,
