@@ -184,6 +184,7 @@ class SimulatedEngine:
                     if r.remaining == 0:
                         r.done.set_result(r.decoded)
                 self._running = [r for r in self._running if r.remaining > 0]
+            self._abort.clear()  # an abort that landed as the last requests finished ends nothing later
             # ideal_s: this stretch's decoding and prefill as if every step ran a full batch (the ideal line).
             self.trace.interval(busy_since, time.time(), "decode", ideal_s=ideal_s, tokens=tokens)
 

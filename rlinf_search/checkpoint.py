@@ -194,7 +194,12 @@ def load_pending_rollout(folder: Path) -> list[list] | None:
     if not path.is_file():
         return None
     kept = torch.load(path, weights_only=False)
-    return kept["batches"] if isinstance(kept, dict) else [kept]
+    batches = kept["batches"] if isinstance(kept, dict) else [kept]
+    for batch in batches:
+        for traj in batch:
+            if "token_versions" not in vars(traj):  # kept before trajectories recorded a version per token
+                traj.token_versions = []
+    return batches
 
 
 def load_checkpoint(folder: Path) -> tuple[RunnerState, TrainingState]:

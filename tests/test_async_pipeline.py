@@ -1,7 +1,7 @@
 """The asynchronous pipeline (``runner.pipeline: async``) through real worker groups on CPU.
 
 2 rollout ranks with uneven shares roll out up to ``max_staleness`` steps ahead of a 2-rank actor; the weights
-reach the engines between turns. Every turn records the policy version that sampled it, the step's metrics give
+reach the engines while they generate. Every token records the policy version that sampled it, the step's metrics give
 the staleness histogram, no trained token is more than ``max_staleness`` versions behind, every prompt is
 trained once in the prompt stream's order; a killed rollout rank stops the run in one line, and the run resumes
 from its checkpoint with the version counter where it was.

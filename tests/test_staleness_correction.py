@@ -126,7 +126,9 @@ def test_the_per_token_bound_drops_exactly_the_tokens_older_than_it(tiny_model_d
     metrics = bounded.train_on_batch(batch)
     old = (token_lags(batch.token_versions, 5) == 1) & batch.response_mask.bool()
     assert metrics["actor/stale_fraction"] == pytest.approx(float(old.sum() / batch.response_mask.sum()), abs=1e-6)
-    assert metrics["actor/lag_1/tokens"] == float(old.sum()) and metrics["actor/lag_0/tokens"] > 0
+    known = float((batch.response_mask.bool() & (token_lags(batch.token_versions, 5) >= 0)).sum())
+    assert metrics["actor/lag_1/token_share"] == pytest.approx(float(old.sum()) / known)
+    assert metrics["actor/lag_0/token_share"] > 0
     # The same update without a bound, the old tokens' advantages zeroed: the same gradient.
     plain = _trainer(tiny_model_dir)
     zeroed = _prepared(plain, swapped, trained_version=5)
@@ -168,7 +170,7 @@ def test_lag_stats_add_up_over_micro_batches():
     stats.add(lags[:1], mask[:1], rho=rho[:1], clipped=clipped[:1])
     stats.add(lags[1:], mask[1:], rho=rho[1:], clipped=clipped[1:])
     out = stats.metrics()
-    assert out["actor/lag_0/tokens"] == 3 and out["actor/lag_0/is_weight_mean"] == pytest.approx(5 / 3)
+    assert out["actor/lag_0/token_share"] == 0.5 and out["actor/lag_0/is_weight_mean"] == pytest.approx(5 / 3)
     assert out["actor/lag_0/is_weight_max"] == 3.0 and out["actor/lag_0/clip_fraction"] == pytest.approx(1 / 3)
-    assert out["actor/lag_2/tokens"] == 2 and out["actor/lag_2/clip_fraction"] == 0.5
-    assert "actor/lag_-1/tokens" not in out
+    assert out["actor/lag_2/token_share"] == pytest.approx(1 / 3) and out["actor/lag_2/clip_fraction"] == 0.5
+    assert "actor/lag_-1/token_share" not in out

@@ -196,3 +196,32 @@ def test_a_stop_string_split_by_an_abort_still_ends_the_turn(engine):
     inside = end - 1  # the abort fell inside the stop string: the last token completes it
     assert _stop_across(tokenizer, ids, inside, ("</search>",)) == (end, "</search>")
     assert _stop_across(tokenizer, ids[:end - 1] + tokenizer.encode(" nothing"), inside, ("</search>",)) is None
+
+
+class _ScriptedSegments:
+    """An engine answering each call with the next scripted (text, finish) segment: aborts where the script says."""
+
+    def __init__(self, tokenizer, segments):
+        self.tokenizer, self.segments, self.calls = tokenizer, list(segments), []
+
+    async def generate(self, prompt_ids, sampling):
+        from rlinf_search.data.io_struct import GenerationOutput
+
+        self.calls.append((list(prompt_ids), sampling))
+        text, finish = self.segments.pop(0)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return GenerationOutput(ids, [-1.0] * len(ids), finish)
+
+
+def test_a_stop_string_split_over_two_aborts_ends_the_turn_right_after_it(engine):
+    tokenizer = engine.tokenizer
+    segments = [("I will look: <sea", "abort"), ("rch> Ada </sea", "abort"), ("rch> and then more words", "length")]
+    scripted = _ScriptedSegments(tokenizer, segments)
+    gate = WeightGate()
+    gated = GatedEngine(scripted, gate)
+    sampling = SamplingParams(max_new_tokens=100, stop=("</search>",), seed=3)
+    out = asyncio.run(gated.generate(tokenizer.encode("q"), sampling))
+    assert tokenizer.decode(out.output_ids).endswith("</search>") and out.finish_reason == "stop"
+    assert out.stop_string == "</search>" and gate.activity().aborted == 2
+    continued = scripted.calls[1][1]
+    assert continued.max_new_tokens < 100 and continued.seed not in (None, 3), "the rest of the turn, seeded anew"

@@ -46,8 +46,6 @@ class ImportanceWeights:
     """Mean weight over model tokens."""
     missing_fraction: torch.Tensor
     """Share of model tokens without a rollout log-prob (NaN), left at weight 1."""
-    rho: torch.Tensor
-    """``[B, T]``: exp(old - roll) per token before truncation or masking (1 where the rollout log-prob is NaN)."""
 
     def metrics(self, prefix: str = "mismatch/") -> dict[str, float]:
         """The scalar metrics as floats, for a logger."""
@@ -62,7 +60,13 @@ def _rho(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor) -> tuple[torc
     return torch.where(missing, torch.ones_like(log_rho), torch.exp(log_rho)), missing
 
 
-def _result(weights, mask, missing, *, truncated, dropped, rho) -> ImportanceWeights:
+def importance_ratio(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` rho = exp(old - roll) per token, before any truncation or masking; 1 where the rollout log-prob is
+    NaN (detached)."""
+    return _rho(old_logprob, rollout_logprob)[0]
+
+
+def _result(weights, mask, missing, *, truncated, dropped) -> ImportanceWeights:
     weights = zero_outside(weights, mask)
     as_float = weights.dtype
     return ImportanceWeights(
@@ -71,7 +75,6 @@ def _result(weights, mask, missing, *, truncated, dropped, rho) -> ImportanceWei
         masked_fraction=masked_mean(dropped.to(as_float), mask),
         mean_weight=masked_mean(weights, mask),
         missing_fraction=masked_mean(missing.to(as_float), mask),
-        rho=rho,
     )
 
 
@@ -89,7 +92,7 @@ def truncated_is_weights(
     rho, missing = _rho(old_logprob, rollout_logprob)
     truncated = rho > cap
     return _result(rho.clamp(max=cap), response_mask.bool(), missing, truncated=truncated,
-                   dropped=torch.zeros_like(truncated), rho=rho)
+                   dropped=torch.zeros_like(truncated))
 
 
 @torch.no_grad()
@@ -107,7 +110,7 @@ def masked_is_weights(
     rho, missing = _rho(old_logprob, rollout_logprob)
     dropped = (rho < low) | (rho > high)
     return _result((~dropped).to(rho.dtype), response_mask.bool(), missing, truncated=torch.zeros_like(dropped),
-                   dropped=dropped, rho=rho)
+                   dropped=dropped)
 
 
 @torch.no_grad()
@@ -117,7 +120,7 @@ def decoupled_weights(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, 
     proximal policy's, ``rollout_logprob``: the behaviour policy's)."""
     rho, missing = _rho(old_logprob, rollout_logprob)
     none = torch.zeros_like(missing)
-    return _result(rho, response_mask.bool(), missing, truncated=none, dropped=none, rho=rho)
+    return _result(rho, response_mask.bool(), missing, truncated=none, dropped=none)
 
 
 MismatchCorrection = Callable[..., ImportanceWeights]

@@ -64,13 +64,16 @@ class LagStats:
                 sums["clipped"] += float(clipped[at].sum())
 
     def metrics(self, prefix: str = "actor/") -> dict[str, float]:
-        """``<prefix>lag_<n>/is_weight_mean``, ``is_weight_max``, ``clip_fraction`` and ``kl_behaviour_proximal``
-        for each lag seen, and ``<prefix>lag_<n>/tokens``."""
+        """``<prefix>lag_<n>/is_weight_mean``, ``is_weight_max``, ``clip_fraction``, ``kl_behaviour_proximal`` and
+        ``token_share`` (of the optimizer step's model tokens with a known lag) for each lag seen. These are one
+        optimizer step's; a training step's metrics average them over its optimizer steps and the actor's ranks,
+        unweighted (so ``is_weight_max`` is a mean of each optimizer step's largest weight)."""
         out = {}
+        total = max(sum(sums["tokens"] for sums in self._sums.values()), 1.0)
         for lag, sums in sorted(self._sums.items()):
             tokens = max(sums["tokens"], 1.0)
             key = f"{prefix}lag_{lag}/"
-            out[key + "tokens"] = sums["tokens"]
+            out[key + "token_share"] = sums["tokens"] / total
             out[key + "is_weight_mean"] = sums["weight"] / tokens
             out[key + "is_weight_max"] = sums["weight_max"]
             out[key + "clip_fraction"] = sums["clipped"] / tokens

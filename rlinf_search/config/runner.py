@@ -23,8 +23,8 @@ class PipelineSettings:
     """Steps the rollout may run ahead of the update (``runner.max_staleness``): a token sampled by policy
     version v is trained by an update no later than v + max_staleness. 0 for the on-policy pipelines."""
     partial_rollout: bool = False
-    """New weights reach the engines between two turns of a trajectory in flight (``runner.partial_rollout``);
-    false: only when no rollout is in flight."""
+    """New weights reach the engines while trajectories are in flight, at a token boundary where the engine can
+    abort (``runner.partial_rollout``); false: only when no rollout is in flight."""
 
     @property
     def per_minibatch(self) -> bool:

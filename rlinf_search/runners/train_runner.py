@@ -4,7 +4,7 @@ One step: the rollout source hands on the step's finished GRPO groups (all at on
 ``overlap``, a mini-batch at a time in ``stream`` and ``async``); each batch of groups is prepared (teacher,
 reward, old and reference log-probs, values, advantages) and given to the update; the new weights then go to
 the engines (and the InferenceGroup's policy copy) with a version number, at once (``async``: the engines take
-them between two turns) or, in ``overlap``, once no rollout is in flight.
+them at a token boundary, the requests in flight continuing on them) or, in ``overlap``, once no rollout is in flight.
 """
 
 from __future__ import annotations

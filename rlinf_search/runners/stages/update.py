@@ -79,8 +79,8 @@ class WeightSyncStage:
     ``deferred`` (``overlap``: the rollout runs ahead without partial rollouts): later steps' rollouts are running
     on the old weights, so the new ones go out at the next ``flush``, once ``quiesce()`` (set by the rollout
     source) has waited until no rollout is in flight. ``background`` (``async`` with partial rollouts): the
-    weights go out at once but the step does not wait for the engines to load them (each first finishes the
-    turns in flight); ``settle`` waits, before the rollout admits more work and before the next sync.
+    weights go out at once but the step does not wait for the engines to load them (each first aborts the
+    requests in flight at a token boundary, or lets their turns finish); ``settle`` waits, before the rollout admits more work and before the next sync.
     """
 
     def __init__(self, weight_sync: WeightSync, *, deferred: bool, background: bool = False):

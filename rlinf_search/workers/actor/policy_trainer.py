@@ -27,6 +27,7 @@ from rlinf_search.algorithms import (
     masked_mean,
     top_k_kl,
 )
+from rlinf_search.algorithms.importance import importance_ratio
 from rlinf_search.algorithms.staleness import LagStats, too_stale, token_lags
 from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
@@ -242,8 +243,8 @@ class PolicyTrainer:
         token_losses = policy.token_losses
         metrics = policy.metrics()
         rollout = micro.rollout_logprobs.to(self.device)
-        correction = self._mismatch_weights(old, rollout, mask)
         if cfg.mismatch_correction:
+            correction = self._mismatch_weights(old, rollout, mask)
             token_losses = token_losses * correction.weights
             metrics.update({"actor/is_weight_mean": float(correction.mean_weight),
                             "actor/is_truncated_fraction": float(correction.truncated_fraction),
@@ -252,7 +253,7 @@ class PolicyTrainer:
         lags = token_lags(micro.token_versions, micro.trained_version)
         if lags is not None:
             lags = lags.to(self.device)
-            self._lag_stats.add(lags, mask, rho=correction.rho, clipped=policy.clipped)
+            self._lag_stats.add(lags, mask, rho=importance_ratio(old, rollout), clipped=policy.clipped)
             stale = too_stale(lags, mask, cfg.max_token_lag)
             if stale is not None:
                 token_losses = token_losses * (~stale).to(token_losses.dtype)
@@ -280,9 +281,8 @@ class PolicyTrainer:
         return metrics
 
     def _mismatch_weights(self, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor):
-        """The configured correction's weights; without one, the untruncated ratio (for the per-lag metrics)."""
         cfg = self.config.loss
-        correction = MISMATCH_CORRECTIONS.resolve(cfg.mismatch_correction or "decoupled")
+        correction = MISMATCH_CORRECTIONS.resolve(cfg.mismatch_correction)
         return correction(old, rollout, response_mask=mask, cap=cfg.mismatch_cap, low=cfg.mismatch_low)
 
     def build_reference(self, model_path: str) -> torch.nn.Module:

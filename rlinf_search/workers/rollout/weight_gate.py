@@ -31,6 +31,8 @@ from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 
 SWAP_TIMEOUT_S = 600.0
 """Longest a swap waits for the requests in flight (a turn of decoding, normally seconds)."""
+ABORT_REPEAT_S = 0.05
+"""While requests are still in flight after an abort, the swap aborts again this often."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,15 @@ class WeightGate:
             if busy and abort is not None:
                 abort()
             with self._cond:
-                drained = self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+                if abort is None:
+                    drained = self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+                else:
+                    # A request that entered just before the gate closed may reach the engine after the abort:
+                    # abort again until none is left (the gate is closed, so only old requests are ended).
+                    deadline = started + timeout_s
+                    while not (drained := self._in_flight == 0) and time.perf_counter() < deadline:
+                        if not self._cond.wait_for(lambda: self._in_flight == 0, timeout=ABORT_REPEAT_S):
+                            abort()  # returns at once; the requests leave through the gate's lock as it waits
                 self._swaps += 1
                 self._swap_wait_s += time.perf_counter() - started
             try:
@@ -186,22 +196,24 @@ class GatedEngine:
                 out = await self._engine.generate(list(prompt_ids) + ids, _rest_of(sampling, len(ids)))
             finally:
                 self._gate.leave()
-            before = len(ids)
+            boundary = len(ids)
             ids += out.output_ids
             logprobs += out.logprobs
             versions += [version] * len(out.output_ids)
-            if out.finish_reason != "abort":
-                break
-            self._gate.count_aborted()
-            if len(ids) >= sampling.max_new_tokens:  # an engine that checks the limit after the abort
-                out = replace(out, finish_reason="length", stop_string=None)
-                break
-        finish, stop_string = out.finish_reason, out.stop_string
-        if before and sampling.stop:
-            cut = _stop_across(self._engine.tokenizer, ids, before, sampling.stop)
+            finish, stop_string = out.finish_reason, out.stop_string
+            # The engine that continued saw only its own tokens: a stop string begun before the abort is found here.
+            cut = _stop_across(self._engine.tokenizer, ids, boundary, sampling.stop) if boundary and sampling.stop \
+                else None
             if cut is not None:
                 (end, stop_string), finish = cut, "stop"
                 ids, logprobs, versions = ids[:end], logprobs[:end], versions[:end]
+                break
+            if finish != "abort":
+                break
+            self._gate.count_aborted()
+            if len(ids) >= sampling.max_new_tokens:  # an engine that checks the limit after the abort
+                finish, stop_string = "length", None
+                break
         return GenerationOutput(ids, logprobs, finish, stop_string, weight_version=min(versions, default=version),
                                 token_versions=versions)
 
