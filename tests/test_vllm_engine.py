@@ -167,7 +167,9 @@ def test_a_swap_aborts_vllm_at_a_token_boundary_and_the_request_continues_on_the
     from rlinf_search.workers.rollout.weight_gate import GatedEngine, WeightGate
 
     prompt = engine.tokenizer.encode("Which city was Lilu born in?", add_special_tokens=False)
-    long = SamplingParams(max_new_tokens=400, greedy=True, stop_at_eos=False)
+    # Long enough that the swap lands inside it on any machine: 2000 tokens took about 3 s on an idle 2-core CPU.
+    n = 2000
+    long = SamplingParams(max_new_tokens=n, greedy=True, stop_at_eos=False)
     original = {name: value.clone() for name, value in hf_model.state_dict().items()}
     torch.manual_seed(2)
     perturbed = {name: value + 0.05 * torch.randn_like(value) for name, value in original.items()}
@@ -180,15 +182,15 @@ def test_a_swap_aborts_vllm_at_a_token_boundary_and_the_request_continues_on_the
 
     async def scenario():
         task = asyncio.create_task(gated.generate(prompt, long))
-        await asyncio.sleep(1.0)  # about a quarter of the 400 tokens (3.7 s on a 2-core CPU)
+        await asyncio.sleep(0.2)  # some tokens in (the first comes within milliseconds of a warm engine)
         await asyncio.to_thread(gated.load_weights, perturbed, 6)
         return await task
 
     try:
         out = asyncio.run(scenario())
-        assert gate.activity().aborted == 1 and len(out.output_ids) == 400 and out.finish_reason == "length"
+        assert gate.activity().aborted == 1 and len(out.output_ids) == n and out.finish_reason == "length"
         cut = out.token_versions.index(6)
-        assert 0 < cut and out.token_versions == [5] * cut + [6] * (400 - cut)
+        assert 0 < cut < n and out.token_versions == [5] * cut + [6] * (n - cut)
         expected_old = _teacher_forced(hf_model, prompt, out.output_ids[:cut], 1.0)
         assert torch.allclose(torch.tensor(out.logprobs[:cut]), expected_old, atol=TOLERANCE)
         hf_model.load_state_dict(perturbed)
