@@ -97,19 +97,26 @@ def test_a_swap_with_nothing_in_flight_loads_at_once_and_a_stuck_one_says_why(en
     assert loads == [1] and gate.version == 1 and gate.is_open, "nothing loaded, and the gate reopened"
 
 
-def _swap_after(gate: WeightGate, gated: GatedEngine, engine: HFGenerationEngine, weights, version: int,
-                tokens: int) -> threading.Thread:
-    """A thread that swaps ``weights`` in as ``version`` once the engine has sampled ``tokens`` tokens more."""
+def _generate_across_swap(gated: GatedEngine, engine: HFGenerationEngine, prompt: list[int], weights, version: int,
+                          tokens: int):
+    """``gated.generate(prompt, LONG)`` while a thread swaps ``weights`` in as ``version`` once the engine has
+    sampled ``tokens`` tokens more, as a weight sync's receiver does; the request's output."""
     start = engine.stats.generated_tokens
 
-    def run():
+    def swap():
         while engine.stats.generated_tokens < start + tokens:
             time.sleep(0.0005)
         gated.load_weights(weights, version)
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
+    async def scenario():
+        task = asyncio.create_task(gated.generate(prompt, LONG))
+        swapper = threading.Thread(target=swap)
+        swapper.start()
+        out = await task
+        await asyncio.to_thread(swapper.join)
+        return out
+
+    return asyncio.run(scenario())
 
 
 def test_an_aborted_request_continues_to_the_same_tokens_when_the_weights_did_not_change(engine):
@@ -120,14 +127,8 @@ def test_an_aborted_request_continues_to_the_same_tokens_when_the_weights_did_no
     gated = GatedEngine(engine, gate)
     assert gated.interrupts
 
-    async def scenario():
-        task = asyncio.create_task(gated.generate(prompt, LONG))
-        swapper = _swap_after(gate, gated, engine, same, 1, tokens=10)
-        out = await task
-        await asyncio.to_thread(swapper.join)
-        return out
 
-    out = asyncio.run(scenario())
+    out = _generate_across_swap(gated, engine, prompt, same, 1, tokens=10)
     assert gate.activity().aborted == 1 and gate.activity().swaps == 1
     assert out.output_ids == whole.output_ids and out.finish_reason == whole.finish_reason
     assert out.logprobs == pytest.approx(whole.logprobs, abs=1e-4), "the re-prefill scores the same tokens alike"
@@ -143,15 +144,9 @@ def test_a_swap_inside_a_turn_gives_each_token_the_version_that_sampled_it(engin
     gate = WeightGate(version=3)
     gated = GatedEngine(engine, gate)
 
-    async def scenario():
-        task = asyncio.create_task(gated.generate(prompt, LONG))
-        swapper = _swap_after(gate, gated, engine, _shifted(engine), 4, tokens=12)
-        out = await task
-        await asyncio.to_thread(swapper.join)
-        return out
 
     try:
-        out = asyncio.run(scenario())
+        out = _generate_across_swap(gated, engine, prompt, _shifted(engine), 4, tokens=12)
         cut = out.token_versions.index(4)
         assert out.output_ids[:cut] == old.output_ids[:cut], "the old weights' tokens are kept as sampled"
         rest = asyncio.run(engine.generate(prompt + out.output_ids[:cut],
@@ -171,15 +166,9 @@ def test_a_gate_that_drains_lets_the_turn_finish_on_the_old_weights(engine):
     gate = WeightGate()
     gated = GatedEngine(engine, gate, interrupt=False)
 
-    async def scenario():
-        task = asyncio.create_task(gated.generate(prompt, LONG))
-        swapper = _swap_after(gate, gated, engine, _shifted(engine), 1, tokens=5)
-        out = await task
-        await asyncio.to_thread(swapper.join)
-        return out
 
     try:
-        out = asyncio.run(scenario())
+        out = _generate_across_swap(gated, engine, prompt, _shifted(engine), 1, tokens=5)
         assert out.output_ids == old.output_ids and out.token_versions == [0] * LONG.max_new_tokens
         assert gate.activity().aborted == 0 and gate.version == 1
     finally:

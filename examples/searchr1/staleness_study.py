@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rlinf_search.plot import find_metrics  # noqa: E402
+from rlinf_search.retrieval.launch import RetrievalServerProcess  # noqa: E402
 TOPK = 1  # the demo's
 
 
@@ -59,19 +60,6 @@ class Cell:
         correction = "null" if self.correction == "none" else self.correction
         return ["++runner.pipeline=async", f"++runner.max_staleness={self.staleness}",
                 f"++algorithm.mismatch_correction={correction}"]
-
-
-def start_server(base: Path, out: Path) -> tuple[subprocess.Popen, str]:
-    address_file = out / "server.addr"
-    address_file.unlink(missing_ok=True)
-    log = open(out / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "rlinf_search.retrieval.server", "--index-dir", str(base / "index"),
-                               "--corpus", str(base / "data" / "corpus.jsonl"), "--retriever", "bm25", "--host",
-                               "127.0.0.1", "--port", "0", "--save-address-to", str(address_file)],
-                              stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    address = subprocess.run([sys.executable, "-m", "rlinf_search.retrieval.launch", "--wait-for", str(address_file),
-                              "--timeout", "120"], check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return server, address
 
 
 def run_cell(cell: Cell, base: Path, out: Path, address: str, args) -> dict:
@@ -185,19 +173,16 @@ def main() -> None:
     cells += [Cell("async", int(k), c, seed) for k in args.staleness.split(",") for c in args.corrections.split(",")
               for seed in seeds]
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    server, address = start_server(base, out)
-    rows, started = [], time.perf_counter()
-    try:
+    server_args = ["--index-dir", str(base / "index"), "--corpus", str(base / "data" / "corpus.jsonl"),
+                   "--retriever", "bm25", "--host", "127.0.0.1"]
+    started = time.perf_counter()
+    with RetrievalServerProcess(server_args, log_path=out / "server.log") as server:
         for index, cell in enumerate(cells):
-            row = run_cell(cell, base, out, address, args)
-            rows.append(row)
+            row = run_cell(cell, base, out, server.address, args)
             elapsed = time.perf_counter() - started
             eta = elapsed / (index + 1) * (len(cells) - index - 1)
             print(f"[{index + 1}/{len(cells)}] {cell.name}: held-out EM {row['heldout_em']:.3f}, mean lag "
                   f"{row['mean_lag']:.2f} ({elapsed / 60:.1f} min, ETA {eta / 60:.1f} min)", flush=True)
-    finally:
-        server.terminate()
-        server.wait()
     # The table covers every finished cell under --out, from this call or an earlier one (other seeds, say).
     rows = [read_cell(Cell(**json.loads(path.read_text())), path.parent) for path in sorted(out.glob("*/cell.json"))
             if (path.parent / "eval" / "eval_results.json").is_file()]

@@ -47,21 +47,29 @@ class LagStats:
         """One micro-batch: ``rho`` = exp(proximal - behaviour) per token (1 where the behaviour log-prob is
         unknown), ``clipped``: where the PPO clip bound (None: a loss that does not say)."""
         model = response_mask.bool() & (lags >= 0)
-        if not model.any():
+        at = lags[model]
+        if at.numel() == 0:
             return
-        rho = rho.detach().float()
+        rho = rho.detach().float()[model]
         # KL(behaviour || proximal) from samples of the behaviour policy, k3 (unbiased, never negative).
         kl = rho - 1.0 - torch.log(rho.clamp(min=1e-30))
-        for lag in torch.unique(lags[model]).tolist():
-            at = model & (lags == lag)
-            sums = self._sums.setdefault(int(lag), {"tokens": 0.0, "weight": 0.0, "weight_max": 0.0, "clipped": 0.0,
-                                                     "kl": 0.0})
-            sums["tokens"] += float(at.sum())
-            sums["weight"] += float(rho[at].sum())
-            sums["weight_max"] = max(sums["weight_max"], float(rho[at].max()))
-            sums["kl"] += float(kl[at].sum())
-            if clipped is not None:
-                sums["clipped"] += float(clipped[at].sum())
+        hit = clipped[model].float() if clipped is not None else torch.zeros_like(rho)
+        width = int(at.max()) + 1
+        largest = torch.zeros(width, device=rho.device).scatter_reduce(0, at, rho, "amax", include_self=False)
+        # Every sum of every lag in one tensor, brought to the host once (this runs on each micro-batch).
+        table = torch.stack([torch.bincount(at, minlength=width).float(), torch.bincount(at, rho, minlength=width),
+                             largest, torch.bincount(at, hit, minlength=width),
+                             torch.bincount(at, kl, minlength=width)]).tolist()
+        for lag, (tokens, weight, weight_max, clip, kl_sum) in enumerate(zip(*table)):
+            if not tokens:
+                continue
+            sums = self._sums.setdefault(lag, {"tokens": 0.0, "weight": 0.0, "weight_max": 0.0, "clipped": 0.0,
+                                               "kl": 0.0})
+            sums["tokens"] += tokens
+            sums["weight"] += weight
+            sums["weight_max"] = max(sums["weight_max"], weight_max)
+            sums["clipped"] += clip
+            sums["kl"] += kl_sum
 
     def metrics(self, prefix: str = "actor/") -> dict[str, float]:
         """``<prefix>lag_<n>/is_weight_mean``, ``is_weight_max``, ``clip_fraction``, ``kl_behaviour_proximal`` and
