@@ -29,6 +29,8 @@ deviation), each group's idle share of those steps (from the busy intervals the 
 trajectories' p99/median time and the mean staleness of the trained tokens; the ``ideal`` line is sync's GPU work
 (every decode step counted as a share of a full batch, every actor pass) divided over the devices. ``--out`` gets
 ``results.json`` and ``timeline.png`` (one row per rank, busy vs idle, the first seed of each configuration).
+A run that finished into the same ``--out`` with the same settings is reused (``<run>.summary.json``), so a
+sweep that stopped goes on where it stopped; delete that file to run it again.
 """
 
 from __future__ import annotations
@@ -148,6 +150,23 @@ def run_mode(spec: RunSpec, name: str, work: Path, paths: dict, args, env: dict,
     rows = [json.loads(line) for line in (work / name / "logs" / "metrics.jsonl").read_text().splitlines()]
     trace = read_trace(work / f"trace-{name}")
     return summarise(rows, trace, devices=args.devices), trace
+
+
+def run_key(spec: RunSpec, model: ServiceModel, args, seed: int) -> dict:
+    """Everything a run's figures depend on: a finished run with the same key is reused, not run again."""
+    return {"spec": dataclasses.asdict(spec), "model": dataclasses.asdict(model), "seed": seed,
+            **{k: getattr(args, k) for k in ("devices", "prompts", "group_size", "minibatches", "steps",
+                                             "agent_loop_workers")}}
+
+
+def finished_run(work: Path, name: str, key: dict) -> dict | None:
+    """The summary of run ``name`` if it finished under ``key`` (so a sweep of several hours that stopped resumes
+    at the first unfinished run, and seeds can be run in separate invocations into one ``--out``); else None."""
+    path = work / f"{name}.summary.json"
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["summary"] if saved["key"] == json.loads(json.dumps(key)) else None
 
 
 def read_trace(folder: Path) -> list[dict]:
@@ -302,16 +321,24 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         per_seed = []
         for seed in seeds:
-            # One folder a seed; the first seed's keeps the plain name (its trace is the one drawn).
-            name = spec.name if seed == seeds[0] else f"{spec.name}-s{seed}"
+            # One folder a seed, named by the seed (seed 0 keeps the plain name), so seeds run in separate
+            # invocations into one --out never share a folder; the first seed's trace is the one drawn.
+            name = spec.name if seed == 0 else f"{spec.name}-s{seed}"
             trace_dir = work / f"trace-{name}"
-            trace_dir.mkdir(exist_ok=True)
-            for old in trace_dir.glob("*.jsonl"):
-                old.unlink()
             run_model = dataclasses.replace(model, **dict(spec.model_changes))
-            settings = write_settings(work / "settings.json", Settings(model=run_model, trace_dir=str(trace_dir)))
-            env = {**os.environ, SETTINGS_ENV: str(settings)}
-            summary, trace = run_mode(spec, name, work, paths, args, env, seed)
+            key = run_key(spec, run_model, args, seed)
+            done = finished_run(work, name, key)
+            if done is not None:
+                print(f"{name}: finished earlier with the same settings, reused", flush=True)
+                summary, trace = done, read_trace(trace_dir)
+            else:
+                trace_dir.mkdir(exist_ok=True)
+                for old in trace_dir.glob("*.jsonl"):
+                    old.unlink()
+                settings = write_settings(work / "settings.json", Settings(model=run_model, trace_dir=str(trace_dir)))
+                env = {**os.environ, SETTINGS_ENV: str(settings)}
+                summary, trace = run_mode(spec, name, work, paths, args, env, seed)
+                (work / f"{name}.summary.json").write_text(json.dumps({"key": key, "summary": summary}))
             per_seed.append(summary)
             if seed == seeds[0]:
                 traces[spec.name] = trace

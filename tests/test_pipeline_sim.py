@@ -9,6 +9,7 @@ end to end at a tiny shape (real Ray worker groups, sync and stream).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -221,3 +222,22 @@ def test_each_configuration_is_averaged_over_its_seeds_and_lockstep_runs_as_a_ra
                "lockstep-fit": {"mode": "lockstep", "fitted": True, "step_s": 200.0},
                "lockstep-t4-nostop": {"mode": "lockstep", "fitted": False, "step_s": 150.0}}
     assert lockstep_range(results) == (90.0, 150.0), "the fitted row is never the range"
+
+
+def test_a_finished_run_is_reused_only_under_the_same_settings(tmp_path):
+    from argparse import Namespace
+
+    from benchmarks.pipeline import RunSpec, finished_run, run_key
+    from benchmarks.service_model import ServiceModel
+
+    args = Namespace(devices=8, prompts=512, group_size=5, minibatches=2, steps=8, agent_loop_workers=0)
+    spec = RunSpec("async", "async-k2-2+6", 2, 4, max_staleness=2, model_changes=(("decode_step_overhead_s", 0.02),))
+    key = run_key(spec, ServiceModel(), args, seed=1)
+    assert finished_run(tmp_path, "async-k2-2+6-s1", key) is None, "nothing ran yet"
+    (tmp_path / "async-k2-2+6-s1.summary.json").write_text(json.dumps({"key": key, "summary": {"step_s": 50.0}}))
+    assert finished_run(tmp_path, "async-k2-2+6-s1", key) == {"step_s": 50.0}
+    args.steps = 3
+    assert finished_run(tmp_path, "async-k2-2+6-s1", run_key(spec, ServiceModel(), args, seed=1)) is None
+    slower = dataclasses.replace(ServiceModel(), search_base_s=1.0)
+    args.steps = 8
+    assert finished_run(tmp_path, "async-k2-2+6-s1", run_key(spec, slower, args, seed=1)) is None
