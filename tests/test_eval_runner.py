@@ -36,23 +36,88 @@ def test_scores_per_source_and_overall():
     assert "overall" in format_table(report) and report.trajectories[1]["answer"] == "Smith"
 
 
+def _training_run(tmp_path: Path, model_dir: Path, **changes) -> Path:
+    """A training run's folder as ``train_main`` leaves it: ``config.yaml`` (the validated settings of tiny-cpu.yaml
+    with ``changes``, dotted keys) and the model as ``checkpoints/global_step_3/hf_model``."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from rlinf_search.config.raw import resolve_raw
+    from rlinf_search.config.schema import SCHEMA
+
+    cfg = OmegaConf.load(ROOT / "examples/searchr1/config/tiny-cpu.yaml")
+    del cfg["hydra"]
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value)
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run / "checkpoints" / "global_step_3" / "hf_model")
+    OmegaConf.save(OmegaConf.create(resolve_raw(cfg, schema=SCHEMA)), run / "config.yaml")
+    return run
+
+
+def test_eval_reads_the_settings_its_model_was_trained_with(tmp_path, tiny_model_dir):
+    from rlinf_search.runners.eval_settings import EvalOverrides, check_model_dir, eval_settings
+
+    run = _training_run(tmp_path, tiny_model_dir, **{"tools.search.topk": 2, "agentloop.max_turns": 3,
+                                                     "agentloop.max_passage_tokens": 40})
+    model = check_model_dir(str(run / "checkpoints" / "global_step_3" / "hf_model"))
+    settings = eval_settings(model, "127.0.0.1:9", EvalOverrides())
+    assert settings.source == (run / "config.yaml").resolve() and settings.notes == ()
+    assert (settings.search.topk, settings.loop.topk, settings.loop.max_turns) == (2, 2, 3)
+    assert settings.loop.max_passage_tokens == 40 and settings.loop.max_tokens_per_turn == 64  # tiny-cpu's own
+    assert settings.loop.sampling.greedy and settings.search.server_addr == "127.0.0.1:9"
+    same = eval_settings(model, "127.0.0.1:9", EvalOverrides(topk=2))
+    assert same.notes == (), "a flag equal to the training value says nothing"
+    other = eval_settings(model, "127.0.0.1:9", EvalOverrides(topk=3, max_turns=3))
+    assert other.loop.topk == 3 and other.search.topk == 3 and len(other.notes) == 1
+    assert other.notes[0].startswith("--topk 3 differs from the training run's tools.search.topk 2")
+    # A model with no run around it (the demo's warm start) gets the defaults and no note.
+    bare = eval_settings(tiny_model_dir, "127.0.0.1:9", EvalOverrides(topk=1))
+    assert bare.source is None and bare.loop.topk == 1 and bare.notes == ()
+
+
+def test_a_checkpoint_that_is_not_there_is_one_line_naming_the_ones_that_are(tmp_path, tiny_model_dir):
+    run = _training_run(tmp_path, tiny_model_dir)
+    missing = run / "checkpoints" / "global_step_40" / "hf_model"
+    result = subprocess.run([sys.executable, "-m", "rlinf_search.runners.eval_runner", "--model", str(missing),
+                             "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "eval")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == (f"eval: --model {missing}: no such folder; this run has global_step_3 "
+                                     "(each with hf_model/)")
+
+
 def test_cli_on_a_checkpoint_dir(tmp_path, tiny_model_dir, hotpot_index_dir, hotpot_corpus):
+    """The eval a user runs after training: the checkpoint's own run settings (topk 1 here, as the demo trains)
+    are used without a flag, and a flag that differs says so and wins."""
     data = tmp_path / "eval.jsonl"
     prepared = subprocess.run([sys.executable, "-m", "rlinf_search.data.prepare", "--input",
                                str(HOTPOT_DIR / "test.jsonl"), "--format", "hotpotqa", "--out", str(data)],
                               capture_output=True, text=True)
     assert prepared.returncode == 0, prepared.stderr
+    run = _training_run(tmp_path, tiny_model_dir, **{"tools.search.topk": 1})
+    model = run / "checkpoints" / "global_step_3" / "hf_model"
     server_args = ["--index-dir", str(hotpot_index_dir), "--corpus", str(hotpot_corpus), "--retriever", "bm25"]
     with RetrievalServerProcess(server_args) as server:
-        result = subprocess.run([sys.executable, "-m", "rlinf_search.runners.eval_runner", "--model",
-                                 str(tiny_model_dir), "--data", str(data), "--server-addr", server.address,
-                                 "--out", str(tmp_path / "eval"), "--max-samples", "12"],
-                                capture_output=True, text=True, timeout=600)
+        def score(out: str, *flags: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "rlinf_search.runners.eval_runner", "--model", str(model),
+                                   "--data", str(data), "--server-addr", server.address, "--out", str(tmp_path / out),
+                                   "--max-samples", "12", *flags], capture_output=True, text=True, timeout=600)
+
+        result = score("eval")
+        overridden = score("eval3", "--topk", "3")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "overall" in result.stdout and "hotpotqa" in result.stdout
+    assert f"eval settings ({(run / 'config.yaml').resolve()}): topk 1, protocol searchr1" in result.stdout
+    assert "differs" not in result.stderr
     saved = json.loads((tmp_path / "eval" / "eval_results.json").read_text())
+    assert saved["settings"]["topk"] == 1 and saved["settings"]["source"] == str((run / "config.yaml").resolve())
     assert saved["overall"]["n"] == 12 and len(saved["trajectories"]) == 12
     assert set(saved["trajectories"][0]) >= {"uid", "response", "em", "subem", "f1", "num_searches"}
+    assert overridden.returncode == 0, overridden.stderr[-2000:]
+    assert "eval: --topk 3 differs from the training run's tools.search.topk 1" in overridden.stderr
+    assert json.loads((tmp_path / "eval3" / "eval_results.json").read_text())["settings"]["topk"] == 3
 
 
 @pytest.mark.heavy  # about a minute: a Ray cluster, two engines and an index in the tool ranks

@@ -1,9 +1,11 @@
 """Score a checkpoint: greedy Search-R1 rollouts over eval data, EM / sub-EM / F1 per data source.
 
-    python -m rlinf_search.runners.eval_runner --model CKPT/hf_model --data test.jsonl \\
-        --server-addr 127.0.0.1:8000 --out eval_dir [--protocol toolcall]
+    python -m rlinf_search.runners.eval_runner --model RUN/checkpoints/global_step_N/hf_model --data test.jsonl \\
+        --server-addr 127.0.0.1:8000 --out eval_dir
 
-Works on any Hugging Face causal LM directory (a converted checkpoint, the tiny default, Qwen2.5).
+Works on any Hugging Face causal LM directory (a converted checkpoint, the tiny default, Qwen2.5). The retrieval
+and protocol settings are the training run's (``runners/eval_settings.py``), so the model is scored as it was
+trained.
 Writes ``eval_results.json`` (the scores and every trajectory) and prints a table.
 """
 
@@ -20,9 +22,11 @@ from rlinf_search.agents import AGENT_PROTOCOLS, build_agent_loop
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.searchr1.metrics import rollout_metrics
 from rlinf_search.agents.toolcall.loop import TemplateWithoutTools
+from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
 from rlinf_search.data.prepare import load_records
 from rlinf_search.rewards import compute_score, last_answer
+from rlinf_search.runners.eval_settings import EvalOverrides, check_model_dir, eval_settings
 from rlinf_search.runners.infra_failures import RunStopped, refuse_infra_failures
 from rlinf_search.tools.search import SearchToolConfig, build_search_tool
 from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine
@@ -99,45 +103,59 @@ async def evaluate(model_path: str, records: list[QARecord], tool_config: Search
     return score_trajectories(records, trajectories), rollout_metrics(trajectories)
 
 
-def write_report(report: EvalReport, out_dir: Path, *, model_path: str) -> Path:
+def write_report(report: EvalReport, out_dir: Path, *, model_path: str, settings: dict | None = None) -> Path:
+    """``eval_results.json``: the model, the settings it was rolled out with (where given) and the report."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "eval_results.json"
-    path.write_text(json.dumps({"model": model_path, **asdict(report)}, indent=1))
+    path.write_text(json.dumps({"model": model_path, **({"settings": settings} if settings else {}),
+                                **asdict(report)}, indent=1))
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlinf_search.runners.eval_runner",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--model", required=True, help="Hugging Face model directory (RUN/checkpoints/global_step_N/"
+                        "hf_model for a training run's checkpoint)")
     parser.add_argument("--data", required=True, help="prepared jsonl (python -m rlinf_search.data.prepare)")
     parser.add_argument("--server-addr", default="127.0.0.1:8000", help="retrieval server host:port")
     parser.add_argument("--out", required=True, help="folder for eval_results.json")
-    parser.add_argument("--protocol", default=AgentLoopConfig.protocol,
-                        help="agent.protocol the model was trained in: searchr1 (tags) or toolcall (function calling "
-                             "with the built-in search schema)")
-    parser.add_argument("--max-turns", type=int, default=AgentLoopConfig.max_turns)
     parser.add_argument("--max-samples", type=int, default=None)
-    parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)
-    parser.add_argument("--max-new-tokens", type=int, default=SamplingParams.max_new_tokens,
-                        help="most tokens per turn")
+    trained = parser.add_argument_group(
+        "settings the model was trained with", "read from the training run's config.yaml (found from --model); a "
+        "flag given here wins and says so when it differs; without a training config, the defaults shown")
+    trained.add_argument("--protocol", default=None, help="agent.protocol: searchr1 (tags) or toolcall (function "
+                         f"calling with the built-in search schema); default {AgentLoopConfig.protocol}")
+    trained.add_argument("--max-turns", type=int, default=None, help=f"default {AgentLoopConfig.max_turns}")
+    trained.add_argument("--topk", type=int, default=None, help=f"passages per search; default {SearchToolConfig.topk}")
+    trained.add_argument("--max-new-tokens", type=int, default=None,
+                         help=f"most tokens per turn; default {SamplingParams.max_new_tokens}")
     args = parser.parse_args(argv)
+    overrides = EvalOverrides(topk=args.topk, protocol=args.protocol, max_turns=args.max_turns,
+                              max_new_tokens=args.max_new_tokens)
     try:
+        model_dir = check_model_dir(args.model)
         records = load_records(args.data)[: args.max_samples]
-        AGENT_PROTOCOLS.resolve(args.protocol, key="--protocol")
-    except (FileNotFoundError, ValueError) as exc:
+        if args.protocol is not None:
+            AGENT_PROTOCOLS.resolve(args.protocol, key="--protocol")
+        settings = eval_settings(model_dir, args.server_addr, overrides)
+    except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 1
-    loop_config = AgentLoopConfig(max_turns=args.max_turns, topk=args.topk, max_tokens_per_turn=args.max_new_tokens,
-                                  sampling=SamplingParams(greedy=True), protocol=args.protocol)
+    loop = settings.loop
+    print(f"eval settings ({settings.source or 'no training config found beside the model: defaults'}): topk "
+          f"{loop.topk}, protocol {loop.protocol}, max_turns {loop.max_turns}, max_new_tokens {loop.max_tokens_per_turn}")
+    for note in settings.notes:
+        print(f"eval: {note}", file=sys.stderr)
     try:
-        report, _ = asyncio.run(evaluate(args.model, records, SearchToolConfig(server_addr=args.server_addr,
-                                                                               topk=args.topk), loop_config))
+        report, _ = asyncio.run(evaluate(str(model_dir), records, settings.search, loop))
     except (TemplateWithoutTools, RunStopped) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 1
     print(format_table(report))
-    print(f"wrote {write_report(report, Path(args.out), model_path=args.model)}")
+    used = {"source": str(settings.source) if settings.source else None, "topk": loop.topk, "protocol": loop.protocol,
+            "max_turns": loop.max_turns, "max_new_tokens": loop.max_tokens_per_turn}
+    print(f"wrote {write_report(report, Path(args.out), model_path=args.model, settings=used)}")
     return 0
 
 
