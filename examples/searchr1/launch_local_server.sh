@@ -7,8 +7,13 @@
 # REPLICAS=N starts N servers of the same index on PORT, PORT+1, ... (one per GPU with --faiss-gpu: server i sees
 # GPU i); the trainer then lists them all: tools.search.server_addr='[127.0.0.1:8000,127.0.0.1:8001]'.
 set -euo pipefail
-INDEX_DIR="${1:?usage: launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [args...]}"
-CORPUS="${2:?usage: launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [args...]}"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+    echo "The extra args are those of \`rlinf-search index serve --help\`."
+    exit 0
+fi
+INDEX_DIR="${1:?usage: launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [args...] (--help for more)}"
+CORPUS="${2:?usage: launch_local_server.sh INDEX_DIR CORPUS [RETRIEVER] [args...] (--help for more)}"
 RETRIEVER="${3:-hybrid}"
 shift $(( $# < 3 ? $# : 3 ))
 PY="${PYTHON:-python}"

@@ -1,6 +1,7 @@
 """Score a converted checkpoint: ``python examples/searchr1/main_searchr1_eval.py --config-name qwen2.5-3b-tool-1node-eval``.
 
-Any key can be overridden on the command line (``rollout.model.model_path=CKPT/hf_model``).
+Any key can be overridden on the command line (``rollout.model.model_path=CKPT/hf_model``). The same run as
+``rlinf-search eval qwen2.5-3b-tool-1node-eval ...`` (``rlinf_search/cli``).
 """
 
 from __future__ import annotations
@@ -10,32 +11,15 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from rlinf_search.config import ConfigError, register_resolvers
-from rlinf_search.config.eval import validate_eval_cfg
-from rlinf_search.runners.eval_main import run_eval
-from rlinf_search.runners.eval_runner import format_table
-from rlinf_search.runners.infra_failures import RunStopped
-from rlinf_search.scheduler.cluster import ClusterError
+from rlinf_search.cli.runs import eval_from_cfg
+from rlinf_search.config import register_resolvers
 
 register_resolvers()
 
 
 @hydra.main(version_base=None, config_path="config", config_name="qwen2.5-3b-tool-1node-eval")
 def main(cfg: DictConfig) -> None:
-    try:
-        config = validate_eval_cfg(cfg)
-        report, path = run_eval(config)
-    except ConfigError as exc:  # raised before any worker starts (the prompt limit is checked in run_eval)
-        print(f"config error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except ClusterError as exc:  # the config is sound; this machine cannot run it
-        print(f"cannot start: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except RunStopped as exc:  # a service failed some questions: a score would be wrong
-        print(f"stopped: {exc}", file=sys.stderr)
-        sys.exit(1)
-    print(format_table(report))
-    print(f"wrote {path}")
+    sys.exit(eval_from_cfg(cfg))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,12 @@
 #   bash examples/searchr1/run_main_searchr1_single_eval.sh CONFIG_NAME [key=value ...]
 #   bash examples/searchr1/run_main_searchr1_single_eval.sh qwen2.5-3b-tool-1node-eval \
 #       rollout.model.model_path=results/RUN/checkpoints/global_step_N/hf_model
-# The training launcher with the eval entry point: same environment, logging and overrides.
+# It runs `rlinf-search eval CONFIG_NAME ...` through the training launcher: same environment and overrides.
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
 CONFIG_NAME="${1:-qwen2.5-3b-tool-1node-eval}"
 shift $(( $# > 0 ? 1 : 0 ))
-ENTRY=main_searchr1_eval.py exec bash "$(dirname "${BASH_SOURCE[0]}")/run_main_searchr1_single.sh" "$CONFIG_NAME" "$@"
+COMMAND=eval exec bash "$(dirname "${BASH_SOURCE[0]}")/run_main_searchr1_single.sh" "$CONFIG_NAME" "$@"

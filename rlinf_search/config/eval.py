@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlinf_search.agents.config import AgentLoopConfig
+from rlinf_search.config.file_checks import FileChecks
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_int, read_view
 from rlinf_search.config.run import RunConfig, group_names
@@ -92,8 +93,9 @@ class EvalConfig:
     """``reward``: the training reward, reported beside EM, sub-EM and F1."""
 
 
-def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
-    """Check the whole eval config once; return its typed view. Raises ``ConfigError`` naming the key."""
+def validate_eval_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> EvalConfig:
+    """Check the whole eval config once; return its typed view. Raises ``ConfigError`` naming the key. ``files``: as
+    ``validate_cfg``'s."""
     raw = resolve_raw(cfg, schema=EVAL_SCHEMA)
     check_keys(raw, EVAL_SCHEMA, "")
     check_values(raw, EVAL_SCHEMA)
@@ -104,7 +106,7 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
     sampling = sampling_params(raw)
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
     rollout = rollout_config(raw, sampling, recompute=True)
-    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
+    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length, files=files)
     limit = with_offered_tools(limit, loop)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
@@ -113,6 +115,6 @@ def validate_eval_cfg(cfg: DictConfig | dict) -> EvalConfig:
         cluster=cluster, placement=placement, output_dir=str(Path(runner.output_dir)),
         experiment_name=runner.experiment_name, rollout=rollout,
         rollout_group=groups["rollout"], agent_loop=loop, search=search,
-        val_data_paths=data_paths(raw, "data.val_data_paths", required=True), samples_per_prompt=samples,
+        val_data_paths=data_paths(raw, "data.val_data_paths", required=True, files=files), samples_per_prompt=samples,
         seed=get_int(raw, "data.seed", RunConfig.seed), prompt_limit=limit, reward_group=groups["reward"],
         reward=reward_config(raw))

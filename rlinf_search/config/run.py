@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, estimators_with, traits_of
 from rlinf_search.config.distill import distill_config
+from rlinf_search.config.file_checks import FileChecks
 from rlinf_search.config.pipeline import ASYNC_DEFAULTS, async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import get, get_bool, get_int, read_view
@@ -54,9 +55,12 @@ def _runner(raw: dict) -> RunnerConfig:
     return runner if named is None else replace(runner, experiment_name=str(named))
 
 
-def _total_steps(runner: RunnerConfig, train_paths: tuple[str, ...], batch: int) -> int:
+def _total_steps(runner: RunnerConfig, train_paths: tuple[str, ...], batch: int, files: FileChecks) -> int:
     """``runner.max_steps``, or fewer when ``max_epochs`` passes over the prompts come first. An epoch is
-    ``prompts // batch`` steps, as the runner's ``PromptStream`` drops an incomplete last batch."""
+    ``prompts // batch`` steps, as the runner's ``PromptStream`` drops an incomplete last batch. Without the files
+    (``files.enabled`` false): ``max_steps``, or 1 where only the files could say."""
+    if not files.enabled:
+        return runner.max_steps or 1
     prompts = sum(count_records(path) for path in train_paths)
     if prompts < batch:
         raise ConfigError(f"data.rollout_batch_size ({batch}) is larger than the training set ({prompts} prompts "
@@ -127,8 +131,10 @@ def sync_dtype(receivers: list[str]) -> str | None:
     return kinds.pop() if len(kinds) == 1 and kinds <= {"float16", "bfloat16"} else None
 
 
-def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
-    """Check the whole config once; return its typed view. Raises ``ConfigError`` naming the key."""
+def validate_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> RunConfig:
+    """Check the whole config once; return its typed view. Raises ``ConfigError`` naming the key. ``files``: open
+    the files the config names (the default) or list them as skipped (``rlinf-search check --no-files``)."""
+    files = files or FileChecks()
     raw = resolve_raw(cfg, schema=SCHEMA)
     check_keys(raw, SCHEMA, "")
     check_values(raw, SCHEMA)
@@ -142,7 +148,7 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     groups = group_names(raw)
     sampling = sampling_params(raw)
     rollout = rollout_config(raw, sampling, recompute=recompute)
-    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length)
+    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length, files=files)
     limit = with_offered_tools(limit, loop)
     # Names a registry resolves (the loss's, the reward's) are checked before the files and the cluster.
     loss = policy_loss(raw, max_response_tokens=runner.seq_length - limit.max_prompt_tokens,
@@ -150,9 +156,9 @@ def validate_cfg(cfg: DictConfig | dict) -> RunConfig:
     reward = reward_config(raw)
     cluster, placement = cluster_placement(raw, rollout.backend)
     require_placed(placement, TRAINING_COMPONENTS, run="a training run")
-    train_paths = data_paths(raw, "data.train_data_paths", required=True)
-    val_paths = data_paths(raw, "data.val_data_paths", required=False)
-    total_steps = _total_steps(runner, train_paths, batch)
+    train_paths = data_paths(raw, "data.train_data_paths", required=True, files=files)
+    val_paths = data_paths(raw, "data.val_data_paths", required=False, files=files)
+    total_steps = _total_steps(runner, train_paths, batch, files)
     seed = get_int(raw, "data.seed", RunConfig.seed)
     actor = actor_config(raw, model_path=rollout.model_path, loss=loss, run_steps=total_steps, seed=seed)
     inference = _inference(raw, placement, recompute=recompute, actor=actor,

@@ -8,6 +8,7 @@ the rest are written here, and their defaults are the field defaults of the view
 
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import Any
 
@@ -130,14 +131,28 @@ REMOVED_KEYS = {"agentloop.group_name": "the agent loop runs inside the rollout 
 
 def check_keys(node: Any, schema: Any, path: str) -> None:
     """Raise on the first key of ``node`` that ``schema`` does not name."""
+    problems = key_problems(node, schema, path)
+    if problems:
+        raise ConfigError(problems[0])
+
+
+def key_problems(node: Any, schema: Any, path: str) -> list[str]:
+    """One line for every key of ``node`` that ``schema`` does not name (with the nearest names it does), and for
+    every section given a value."""
     if schema == "*" or schema is None or isinstance(schema, Key):
-        return
+        return []
     if not isinstance(node, dict):
-        raise ConfigError(f"{path}: expected a section of keys, got {type(node).__name__}")
+        return [f"{path}: expected a section of keys, got {type(node).__name__}"]
+    problems = []
     for key, value in node.items():
+        where = f"{path}.{key}" if path else key
         if key not in schema:
-            raise ConfigError(f"{path}.{key}: unknown key; {path} takes {', '.join(sorted(schema))}".lstrip("."))
-        check_keys(value, schema[key], f"{path}.{key}" if path else key)
+            near = difflib.get_close_matches(str(key), [str(name) for name in schema], n=2, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            problems.append(f"{where}: unknown key; {path or 'the config'} takes {', '.join(sorted(schema))}{hint}")
+            continue
+        problems += key_problems(value, schema[key], where)
+    return problems
 
 
 def apply_deprecations(raw: dict) -> None:

@@ -16,6 +16,7 @@ from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.agents.toolcall.tool_config import ListedTool, ToolConfigError, read_tool_config
 from rlinf_search.agents.tools import TOOLS
+from rlinf_search.config.file_checks import FileChecks
 from rlinf_search.config.readers import get, get_bool, get_float, get_int, read_view
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.config.tools import extra_tools
@@ -80,14 +81,15 @@ def retokenize(raw: dict) -> bool:
     return get_bool(raw, "agentloop.retokenize", AgentLoopConfig.retokenize)
 
 
-def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit,
-               seq_length: int) -> tuple[SearchToolConfig, AgentLoopConfig]:
+def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit, seq_length: int,
+               files: FileChecks | None = None) -> tuple[SearchToolConfig, AgentLoopConfig]:
     """``tools.search`` and ``agentloop`` (with the sampling, the token budgets every turn uses, and
-    ``data.apply_chat_template``, which decides how the prompt is tokenized)."""
+    ``data.apply_chat_template``, which decides how the prompt is tokenized). ``files``: whether the tool config
+    file is read (default: yes)."""
     section = get(raw, "tools.search", {})
     if not isinstance(section, dict):
         raise ConfigError(f"tools.search: expected a section of keys, got {type(section).__name__}")
-    section, tool_schema, listed = _with_tool_config(section)
+    section, tool_schema, listed = _with_tool_config(section, files or FileChecks())
     try:
         search = SearchToolConfig.from_dict(section)
     except (TypeError, ValueError) as exc:
@@ -117,7 +119,7 @@ def with_offered_tools(limit: PromptLimit, loop: AgentLoopConfig) -> PromptLimit
     return replace(limit, tools=(SearchFunction.from_schema(loop.tool_schema).schema, *extra))
 
 
-def _with_tool_config(section: dict) -> tuple[dict, dict | None, tuple[ListedTool, ...]]:
+def _with_tool_config(section: dict, files: FileChecks) -> tuple[dict, dict | None, tuple[ListedTool, ...]]:
     """``tools.search`` with what ``tools.search.tool_config`` (a verl tool config or an rllm schema file) sets
     applied over it, the search function's schema from that file (None without one), and the file's other
     tools. The file wins: it is what the run was pointed at; each key it changes is logged."""
@@ -127,6 +129,10 @@ def _with_tool_config(section: dict) -> tuple[dict, dict | None, tuple[ListedToo
         return section, None, ()
     if not isinstance(path, str):  # read before the section's own declarations are checked
         raise ConfigError(f"tools.search.tool_config: expected a string, got {path!r}")
+    if not files.enabled:
+        files.skip("tools.search.tool_config", f"{path} not read (the settings and tool schema it sets)")
+        section.pop("tool_config")
+        return section, None, ()
     try:
         found = read_tool_config(path)
     except ToolConfigError as exc:
@@ -156,12 +162,17 @@ def require_placed(placement: Placement, components: tuple[str, ...], *, run: st
                               f"'{','.join(components)}: all'); {component} is missing")
 
 
-def data_paths(raw: dict, key: str, *, required: bool) -> tuple[str, ...]:
+def data_paths(raw: dict, key: str, *, required: bool, files: FileChecks | None = None) -> tuple[str, ...]:
     """The prepared jsonl files at ``key`` (``data.train_data_paths``, ``data.val_data_paths``), each one
-    checked to exist."""
+    checked to exist unless ``files`` says not to."""
     paths = tuple(get(raw, key, ()))
     if required and not paths:
         raise ConfigError(f"{key}: give at least one prepared jsonl (python -m rlinf_search.data.prepare)")
+    if files is not None and not files.enabled:
+        if paths:
+            read = "that each exists; the training set's size" if key == "data.train_data_paths" else "that each exists"
+            files.skip(key, f"{', '.join(paths)} not opened ({read})")
+        return paths
     for path in paths:
         if not Path(path).is_file():
             raise ConfigError(f"{key}: file not found: {path}")

@@ -1,0 +1,166 @@
+"""``rlinf-search``: one command for the whole recipe, each step a subcommand with ``--help``.
+
+    rlinf-search check CONFIG [key=value ...] [--no-files]   every check that needs no worker, GPU or data
+    rlinf-search train CONFIG [key=value ...]                 a training run (Ray starts inside it)
+    rlinf-search eval --model RUN/checkpoints/global_step_N/hf_model --data test.jsonl --server-addr H:P --out DIR
+    rlinf-search eval CONFIG [key=value ...]                  a checkpoint scored on a cluster (an eval recipe)
+    rlinf-search prepare / index build / index serve / serve / plot / demo
+
+CONFIG is a YAML file or the name of a recipe in ``examples/searchr1/config`` (``tiny-cpu``,
+``qwen2.5-3b-tool-fsdp-1node``); overrides are Hydra's ``key=value``. The commands that wrap a module's own
+parser (``prepare``, ``index``, ``serve``, ``plot``, ``eval --model``) pass every argument to it, ``--help``
+included, so they take exactly the flags ``python -m <module>`` takes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rlinf_search.cli.check import KINDS, check
+from rlinf_search.cli.configs import compose
+from rlinf_search.config.schema import ConfigError
+
+app = typer.Typer(name="rlinf-search", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="Train language models to search with RL (the Search-R1 recipe): check, train, eval, "
+                       "build and serve indexes, serve a model, plot a run, run the CPU demo.")
+index_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Build and serve retrieval indexes.")
+app.add_typer(index_app, name="index")
+
+_PASS_ON = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
+            "add_help_option": False}
+"""A command whose arguments, ``--help`` too, go to the wrapped module's own parser."""
+_CONFIG = typer.Argument(..., help="a YAML file, or a recipe name of examples/searchr1/config (tiny-cpu, ...)")
+_OVERRIDES = typer.Argument(None, help="Hydra overrides: key=value, +new.key=value, ~key")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@app.command("check")
+def check_command(config: str = _CONFIG, overrides: Optional[list[str]] = _OVERRIDES,
+                  no_files: bool = typer.Option(False, "--no-files", help="do not open the data, model and tool "
+                                                "files the config names (a cluster's paths on a laptop); list them"),
+                  kind: str = typer.Option("auto", help=f"{', '.join(KINDS)}: validate as a training run or an eval "
+                                           "(auto: an eval recipe is named *-eval or has no actor and no training "
+                                           "data)")) -> None:
+    """Check a config as its run would before starting any worker: keys, values, cross-key rules, placement on
+    the cluster shape it declares, its files. Exit 0, or 1 with one line per problem."""
+    if kind not in KINDS:
+        raise typer.BadParameter(f"{kind!r}: choose one of {', '.join(KINDS)}", param_hint="--kind")
+    report = check(config, overrides or [], files=not no_files, kind=kind)
+    for problem in report.problems:
+        print(problem, file=sys.stderr)
+    if report.problems:
+        raise typer.Exit(1)
+    print(f"{config}: ok ({report.summary})")
+    for skipped in report.skipped:
+        print(f"  not checked (--no-files): {skipped}")
+
+
+@app.command("train")
+def train_command(config: str = _CONFIG, overrides: Optional[list[str]] = _OVERRIDES,
+                  log: bool = typer.Option(True, help="copy the terminal to runner.output_dir/driver.log")) -> None:
+    """Train: validate the config (one line and exit 2 on a problem, before any worker starts), then run it. A
+    run that stops exits 1; runner.resume_dir=auto continues it from its newest checkpoint."""
+    from rlinf_search.cli.runs import train_from_cfg
+
+    raise typer.Exit(train_from_cfg(_composed(config, overrides), log=log))
+
+
+@app.command("eval", **_PASS_ON)
+def eval_command(ctx: typer.Context) -> None:
+    """Score a checkpoint. With --model (see --help): greedy rollouts on this machine against a retrieval server,
+    with the retrieval and protocol settings of the run that trained it. With CONFIG [key=value ...]: an eval
+    recipe on the cluster it declares (e.g. qwen2.5-3b-tool-1node-eval)."""
+    args = list(ctx.args)
+    if args and not args[0].startswith("-"):
+        from rlinf_search.cli.runs import eval_from_cfg
+
+        raise typer.Exit(eval_from_cfg(_composed(args[0], args[1:])))
+    from rlinf_search.runners.eval_runner import main
+
+    raise typer.Exit(main(args))
+
+
+@app.command("prepare", **_PASS_ON)
+def prepare_command(ctx: typer.Context) -> None:
+    """Turn question files (FlashRAG, HotpotQA, NQ, Search-R1 parquet, ...) into prompts (see --help)."""
+    from rlinf_search.data.prepare import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@index_app.command("build", **_PASS_ON)
+def index_build_command(ctx: typer.Context) -> None:
+    """Build retrieval indexes over a corpus: bm25, dense encoders, hybrid (see --help)."""
+    from rlinf_search.retrieval.build_index import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@index_app.command("serve", **_PASS_ON)
+def index_serve_command(ctx: typer.Context) -> None:
+    """Serve built indexes over HTTP with the Search-R1 API (see --help; --port 0 and --save-address-to FILE)."""
+    from rlinf_search.retrieval.server import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@app.command("serve", **_PASS_ON)
+def serve_command(ctx: typer.Context) -> None:
+    """Serve a Hugging Face model with an OpenAI-compatible API: completions and chat, streaming (see --help)."""
+    from rlinf_search.serve.__main__ import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@app.command("plot", **_PASS_ON)
+def plot_command(ctx: typer.Context) -> None:
+    """Draw a run's curves (reward, EM, searches, KL, ... per step) to a PNG (see --help)."""
+    from rlinf_search.plot import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@app.command("demo", **_PASS_ON)
+def demo_command(ctx: typer.Context) -> None:
+    """Run the CPU demo (scripts/demo.sh of this checkout): a tiny model learns to search with GRPO. Its settings
+    are environment variables (DEMO_SEED, DEMO_RL_STEPS, DEMO_PIPELINE, ...: --help lists them)."""
+    script = REPO / "scripts" / "demo.sh"
+    if not script.is_file():
+        print(f"demo: {script} not found: the demo runs from a clone of the repository", file=sys.stderr)
+        raise typer.Exit(2)
+    if ctx.args and ctx.args[0] in ("-h", "--help"):
+        print(_script_header(script))
+        raise typer.Exit(0)
+    if ctx.args:
+        print(f"demo: takes no arguments (got {' '.join(ctx.args)}); set DEMO_* variables instead", file=sys.stderr)
+        raise typer.Exit(2)
+    raise typer.Exit(subprocess.run(["bash", str(script)], env=os.environ.copy()).returncode)
+
+
+def _composed(config: str, overrides):
+    try:
+        return compose(config, list(overrides or []))
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+def _script_header(script: Path) -> str:
+    """The comment block at the top of a script, without the ``#``s: its usage."""
+    lines = []
+    for line in script.read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        lines.append(line[2:] if line.startswith("# ") else line[1:])
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """The console script."""
+    app()
