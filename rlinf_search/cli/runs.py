@@ -72,13 +72,14 @@ def eval_from_cfg(cfg: DictConfig, *, log: bool = True) -> int:
 
 def copy_terminal_to(path: Path) -> None:
     """From here on, everything this process and its children write to stdout and stderr also goes to ``path``
-    (appended: a resumed run keeps one log), through ``tee``, so the log holds what the terminal showed, Ray's
-    worker lines included, and the current folder gets nothing."""
+    (appended: a resumed run keeps one log), through one ``tee`` for each stream so that each still reaches its
+    own terminal stream: the log holds what the terminal showed, Ray's worker lines included, and the current
+    folder gets nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    tee = subprocess.Popen(["tee", "-a", str(path)], stdin=subprocess.PIPE, stdout=os.dup(sys.stdout.fileno()))
-    os.dup2(tee.stdin.fileno(), sys.stdout.fileno())
-    os.dup2(tee.stdin.fileno(), sys.stderr.fileno())
-    tee.stdin.close()  # the two descriptors above now hold the pipe: tee ends when this process does
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+        fd = stream.fileno()
+        tee = subprocess.Popen(["tee", "-a", str(path)], stdin=subprocess.PIPE, stdout=os.dup(fd))
+        os.dup2(tee.stdin.fileno(), fd)
+        tee.stdin.close()  # the descriptor above now holds the pipe: tee ends when this process does
     print(f"log: {path}", flush=True)
