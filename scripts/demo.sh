@@ -107,7 +107,7 @@ timed eval_before "$PY" -m rlinf_search.runners.eval_runner --model "$OUT/model/
 
 step "7/8 GRPO through the worker groups on a local Ray cluster ($RL_STEPS steps, $PIPELINE, $PROTOCOL)"
 rm -rf "$OUT/rl"
-timed grpo "$PY" examples/searchr1/main_searchr1.py runner.output_dir="$OUT/rl" runner.max_steps="$RL_STEPS" \
+timed grpo "$PY" -m rlinf_search.cli train tiny-cpu runner.output_dir="$OUT/rl" runner.max_steps="$RL_STEPS" \
     runner.resume_dir=null rollout.model.model_path="$OUT/model/sft" tools.search.server_addr="$ADDR" \
     tools.search.topk="$TOPK" data.seed="$SEED" data.train_data_paths="[$OUT/data/train.prepared.jsonl]" \
     data.val_data_paths="[$OUT/data/val.prepared.jsonl]" agent.protocol="$PROTOCOL" \

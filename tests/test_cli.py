@@ -4,6 +4,7 @@ files, and the one-line refusals."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,30 @@ CLI = Path(sys.executable).parent / "rlinf-search"
 GPU_RECIPES = ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-fsdp-1node", "qwen2.5-3b-tool-fsdp-2node", "qwen3-4b-distill")
 
 
-def cli(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+def console(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The console script in its own process, as a shell runs it."""
     return subprocess.run([str(CLI), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The same app in this process (typer's runner: what the console script calls, without the interpreter's
+    start-up for each of these tests), its stdout, stderr and exit code."""
+    from typer.testing import CliRunner
+
+    from rlinf_search.cli import app
+
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    finally:
+        os.chdir(previous)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def test_the_install_puts_the_command_on_path_and_it_lists_its_subcommands():
     assert CLI.is_file(), "pip install -e . creates the console script (pyproject [project.scripts])"
-    done = cli("--help")
+    done = console("--help")
     assert done.returncode == 0, done.stderr
     for command in ("check", "train", "eval", "prepare", "index", "serve", "plot", "demo"):
         assert f"  {command} " in done.stdout, command
@@ -49,7 +67,7 @@ def test_check_passes_the_gpu_recipes_on_a_laptop_and_lists_what_it_did_not_open
 
 
 def test_check_refuses_a_misspelt_key_in_one_line_with_the_name_it_meant():
-    done = cli("check", "qwen2.5-3b-tool-fsdp-1node", "--no-files", "algorithm.kl_bta=0.01")
+    done = console("check", "qwen2.5-3b-tool-fsdp-1node", "--no-files", "algorithm.kl_bta=0.01")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1
     assert done.stderr.startswith("algorithm.kl_bta: unknown key; algorithm takes ")
@@ -102,7 +120,7 @@ def test_a_recipe_that_is_not_there_and_an_override_hydra_cannot_parse_are_one_l
     missing = cli("check", "qwen9-tool")
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1
     assert missing.stderr.startswith("config qwen9-tool: not a YAML file and not a recipe of examples/searchr1/config")
-    broken = cli("train", "tiny-cpu", "runner.max_steps", cwd=tmp_path)
+    broken = console("train", "tiny-cpu", "runner.max_steps", cwd=tmp_path)
     assert broken.returncode == 2 and broken.stderr.startswith("config error: config tiny-cpu: ")
     assert list(tmp_path.iterdir()) == [], "a refused run writes nothing"
 
