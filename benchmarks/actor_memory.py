@@ -22,7 +22,7 @@ device), so the figures are tensor bytes, not allocator or RSS noise:
   is that per 1,024 tokens of micro-batch budget (what a memory plan scales).
 
 A case whose estimated peak exceeds this machine's memory is not run (its row says so). The figures are
-what docs/recipes.md's memory plan for Qwen2.5-3B is computed from; docs/benchmarks.md has the command
+what docs/recipes.md's memory plan for Qwen2.5-3B is computed from; docs/history/benchmarks.md has the command
 and the table.
 """
 

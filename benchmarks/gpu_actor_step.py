@@ -27,7 +27,7 @@ second (every token of a row goes through forward and backward), model FLOPs uti
 utilisation over the GPU's dense bf16 peak (``--peak-tflops``; 989 for H100/H200 SXM). The FLOPs are
 ``toolkits/update_flops.py``'s count, printed beside the result: the LM head charged to the scored tokens only,
 recomputation (and Megatron's head on unscored positions) in HFU, not in MFU. Results and commands:
-docs/benchmarks.md.
+docs/history/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
     if not cuda and not args.cpu_smoke:
-        print("gpu_actor_step: no CUDA device here; run it on a GPU machine (docs/benchmarks.md)")
+        print("gpu_actor_step: no CUDA device here; run it on a GPU machine (docs/history/benchmarks.md)")
         return 2
     shape = qwen_config(args.shape, layers=args.layers)
     with tempfile.TemporaryDirectory() as model_dir:

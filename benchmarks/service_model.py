@@ -21,7 +21,7 @@ class ServiceModel:
 
     Model: Qwen2.5-3B-Instruct (config.json: 36 layers, 2 key-value heads of 128, 3.09e9 parameters), bf16.
     Device: one H100 SXM per engine or trainer rank (data sheet: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16).
-    The efficiencies and the trajectory and search shapes are assumptions, named as such; docs/benchmarks.md
+    The efficiencies and the trajectory and search shapes are assumptions, named as such; docs/history/benchmarks.md
     says where each figure comes from and what the modelled sync step gives beside Search-R1's measured one.
     """
 

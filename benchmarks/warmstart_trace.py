@@ -7,7 +7,7 @@ Starts a BM25 server over the demo's index, collects the scripted good searches 
 the real agent loop, and takes ``--steps`` reading-stage steps (``toolkits.sft_warmstart``: passages and model turns
 trained, batch 16, seed 0) from the demo's untrained model (``model/base``). Prints the machine line and the
 losses. Two environments that print the same losses run the same arithmetic; where they part, every later step
-of the demo differs too, and which run learns is drawn anew (docs/results.md, issue 23).
+of the demo differs too, and which run learns is drawn anew (docs/history/results.md, issue 23).
 """
 
 from __future__ import annotations

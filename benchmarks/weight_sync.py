@@ -10,7 +10,7 @@ whole-model gather (``get_model_state_dict``, fp32 on rank 0's host, what every 
 ``actor.sync_dtype``); a 16-bit dtype gathers one tensor at a time and casts it on the device before it
 leaves. Printed, for rank 0: the bytes of the state dict it hands to the transport, the rise of its resident
 memory during the gather (sampled every 5 ms: the transient host memory a sync costs), and the seconds.
-Run side by side in one invocation; docs/benchmarks.md has the command and the table.
+Run side by side in one invocation; docs/history/benchmarks.md has the command and the table.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ source "$(dirname "$0")/setup_env.sh"
 cd "$ROOT"
 OUT="${DEMO_OUT:-outputs/demo}"
 RL_STEPS="${DEMO_RL_STEPS:-30}"
-INDUCTION_STEPS="${DEMO_INDUCTION_STEPS:-300}"  # warm start, first: copying random token sequences (docs/results.md)
+INDUCTION_STEPS="${DEMO_INDUCTION_STEPS:-300}"  # warm start, first: copying random token sequences (docs/history/results.md)
 READING_STEPS="${DEMO_READING_STEPS:-300}"  # then language modelling on good searches, passages included
 SKILL_STEPS="${DEMO_SKILL_STEPS:-}"      # then good searches only, until the probes pass (at most this many; below)
 MIX_STEPS="${DEMO_MIX_STEPS:-100}"       # then on the behaviour mix: how often to search at all
@@ -35,10 +35,10 @@ esac
 PROTOCOL="${DEMO_PROTOCOL:-searchr1}"
 # Both use 8 attention heads of 24 dims instead of 4 of 48 (same parameters and cost): with 4, the warm start learned
 # to copy one kind of fact of four in the toolcall format, and in Search-R1's it learned the last kinds hundreds of
-# steps later, on some seeds and kernels past the skill stage's cap (docs/results.md, "Every seed and kernel set").
+# steps later, on some seeds and kernels past the skill stage's cap (docs/history/results.md, "Every seed and kernel set").
 # The skill stage's cap: in toolcall the one-hop kinds of fact (employer, profession) are learned hundreds of steps
 # later than in Search-R1's tags (the question sits about 85 tokens before the answer instead of 50, behind the
-# call's JSON and the chat frame): seed 2 met the skill goal at step 1400 (docs/results.md, the toolcall seed table).
+# call's JSON and the chat frame): seed 2 met the skill goal at step 1400 (docs/history/results.md, the toolcall seed table).
 # Toolcall's mix stage trains a guess only up to its choice to answer, not the guessed fact: trained whole, guesses wore
 # the least-copied kind down (seed 2: profession 0.66 -> 0.29) and the answer copy under the mix stage's floor.
 # A kind of fact still uncopied for 5 readings while every other kind is mostly copied gets trained alone for a round:
@@ -52,7 +52,7 @@ case "$PROTOCOL" in
     *) echo "demo: DEMO_PROTOCOL must be searchr1 or toolcall, got $PROTOCOL" >&2; exit 2 ;;
 esac
 # One passage per search (Search-R1 uses 3): a correct query finds its person first in every case here, and the
-# shorter context makes every warm-start and RL step about twice as fast on a CPU (docs/results.md).
+# shorter context makes every warm-start and RL step about twice as fast on a CPU (docs/history/results.md).
 TOPK=1
 mkdir -p "$OUT"
 # Hugging Face's per-load progress bars are noise in a log; the stages print their own progress.

@@ -17,7 +17,7 @@
 # With the defaults: 5 arms x 3 lrs + 5 arms x 2 seeds = 25 runs of 30 steps, each with 3 evaluations.
 # DISTILL_START=no_search starts every arm from the student that cannot search instead (built once under
 # DISTILL_OUT/student the way scripts/distill_demo.sh builds it: corpus, comprehension, then the format only;
-# greedy, it never searches, so GRPO alone has nothing to reinforce): the comparison of docs/results.md, part 2:
+# greedy, it never searches, so GRPO alone has nothing to reinforce): the comparison of docs/history/results.md, part 2:
 #   DISTILL_START=no_search DISTILL_ARMS="grpo_topk sft_teacher" DISTILL_LRS=3e-3 DISTILL_SEEDS="0 1" \
 #     DISTILL_RL_STEPS=100 DISTILL_EVAL_EVERY=50 DISTILL_OUT=outputs/distill_no_search bash scripts/distill_compare.sh
 set -euo pipefail

@@ -5,7 +5,7 @@
 # then was warm-started on the format only. Its queries are made-up names: the search skill is left to RL.
 # The teacher is the demo's trained model, served by python -m rlinf_search.serve; in the GRPO run it
 # only measures the KL (algorithm.distill.coef=0), so both runs log the same curves.
-# Each run has its own lr: GRPO alone collapses on these students at 2e-3 and above (docs/results.md).
+# Each run has its own lr: GRPO alone collapses on these students at 2e-3 and above (docs/history/results.md).
 #   bash scripts/distill_demo.sh          # runs scripts/demo.sh first when DEMO_OUT holds no trained model
 # About 2 hours on a 2-core CPU with the defaults. Ends with one line: held-out EM after N steps: GRPO A,
 # GRPO + distillation B (and distill.png).

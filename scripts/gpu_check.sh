@@ -15,7 +15,7 @@
 # GPU: seconds, host RSS, bit-exact); benchmarks/grpo_step.py (a whole GRPO step in one process, no Ray);
 # benchmarks/weight_sync.py at the 1.5B shape (the actor's gather for a weight
 # sync, fp32 against bf16). The step timeouts add up to about 30 minutes, three times what one call may run: pick a
-# named set below (each fits one call) or steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md section 7.
+# named set below (each fits one call) or steps with GPU_CHECK_STEPS. Results go into docs/benchmarks.md (a row of its table and a section with the output).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"

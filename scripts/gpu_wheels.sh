@@ -9,7 +9,7 @@ PY_VERSION="${GPU_PY_VERSION:-3.12}"
 mkdir -p .whl
 rm -f .whl/*.whl
 pinned() { grep -i "^$1==" requirements/cpu-lock.txt; }
-# The test module's imports that the GPU image lacks (its pip list: docs/benchmarks.md section 7).
+# The test module's imports that the GPU image lacks (its pip list: docs/history/benchmarks.md section 7).
 for name in bm25s faiss-cpu megatron-core; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

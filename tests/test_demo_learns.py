@@ -4,7 +4,7 @@ Heavy lane (``bash scripts/test.sh --heavy``): it builds the model, data and ind
 its probes pass), trains with GRPO through the worker groups on a local Ray cluster and evaluates before and after,
 scoring fewer held-out questions (200 instead of 300). Two cases: seed 2 with ``ATEN_CPU_CAPABILITY=avx2`` (the
 kernels of a CPU without AVX-512, which sum in another order), the case whose warm start once stopped at the skill
-stage's cap with the last kinds of fact not yet copied (docs/results.md, "Every seed and kernel set"), and seed 1 with the
+stage's cap with the last kinds of fact not yet copied (docs/history/results.md, "Every seed and kernel set"), and seed 1 with the
 kernels PyTorch picks on this CPU (AVX-512 or AVX2: either way another summation order or another seed than the
 first case). It runs in ``.venv`` on ``requirements/cpu-lock.txt``: the releases ``bash scripts/demo.sh`` installs
 on a fresh machine.
@@ -48,7 +48,7 @@ def test_short_demo_run_learns_to_search(tmp_path, seed, kernels):
     before, after = summary["warm_start"], summary["after_rl"]
     assert (before["em"], after["em"]) == (float(match[1]), float(match[2]))
     # A regression that stops learning keeps held-out EM where the warm start left it and the training
-    # reward flat. The full demo gains +0.20 or more on seeds 0, 1 and 2 (docs/results.md); 0.15 leaves
+    # reward flat. The full demo gains +0.20 or more on seeds 0, 1 and 2 (docs/history/results.md); 0.15 leaves
     # room for the 200-question sample (one standard error of a difference is about 0.04).
     assert after["em"] - before["em"] >= 0.15, summary
     rows = [json.loads(line) for line in (tmp_path / "demo" / "rl" / "logs" / "metrics.jsonl").read_text().splitlines()]

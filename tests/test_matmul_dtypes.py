@@ -1,5 +1,5 @@
 """``benchmarks/matmul_dtypes.py``, the tool that found the Megatron recipe's fp32 backward on a GPU
-(docs/benchmarks.md section 7), on CPU: it sees the autocast bf16 matmuls of a real update in both passes,
+(docs/history/benchmarks.md section 7), on CPU: it sees the autocast bf16 matmuls of a real update in both passes,
 the recompute of a checkpointed layer in the backward, and an fp32 update as fp32."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from rlinf_search.retrieval.launch import RetrievalServerProcess, ServerStartError
 from tests.conftest import EXAMPLE_CORPUS, HOTPOT_DIR
 
-# Measured on hotpotqa_100 (docs/benchmarks.md): bm25 0.855, minilm 0.850, hybrid 0.880.
+# Measured on hotpotqa_100 (docs/history/benchmarks.md): bm25 0.855, minilm 0.850, hybrid 0.880.
 RECALL_FLOORS = {"bm25": 0.80, "minilm": 0.80, "hybrid": 0.85}
 
 

@@ -121,7 +121,7 @@ def test_demo_seeds_table_reads_each_run(tmp_path):
 
 @pytest.mark.parametrize("backend, ranks, gib, refused", [
     ("fsdp", 8, 80, False),       # the FSDP recipe's settings on 8 x 80 GB
-    ("fsdp", 1, 80, False),       # one H200-class GPU ran it at 51.5 GiB (docs/benchmarks.md section 7)
+    ("fsdp", 1, 80, False),       # one H200-class GPU ran it at 51.5 GiB (docs/history/benchmarks.md section 7)
     ("fsdp", 1, 24, True),
     ("ddp", 8, 40, True),         # a whole fp32 copy with AdamW on every rank: 16 B a parameter
     ("megatron", 1, 48, True),    # the Megatron plan at one rank: about 60 GiB

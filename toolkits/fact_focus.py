@@ -5,7 +5,7 @@ The skill stage learns its four kinds of fact one after another, each in a sudde
 toolcall seed 1 under AVX2 kernels it was not: born_in, country and profession were copied at 0.93-1.00 from step
 1150 on, and employer stayed at 0.00-0.11 until the 1600-step cap, with about three batches in four its own. Each
 company name is one token, and the model answered every employer question with one or two fixed companies, the
-suffix right (docs/results.md).
+suffix right (docs/history/results.md).
 
 Trained on employer questions alone from its step-1000 model, it copied employer at 0.98 within 250-300 steps (three
 runs of three, one with the queries masked), while the other kinds fell to near zero (it answered every question

@@ -48,7 +48,7 @@ class TurnStyle:
             # Inside a JSON string a name has no space before it, and a byte-level BPE spells a word without its
             # leading space with other tokens (" Zal" is one token, "Zal" two), so copying the name from the question
             # would mean learning a second spelling of every name: query copy stalled near 0.7 for hundreds of steps
-            # (docs/results.md). The scripted query keeps the space ("query_list": [" Fein Fo"]), so the name is in
+            # (docs/history/results.md). The scripted query keeps the space ("query_list": [" Fein Fo"]), so the name is in
             # the question's own tokens; the search tool strips it. A fixed first word instead ("who is Fein Fo") did
             # worse: its tokens recur in the prompt ("... you need is missing"), where the copying heads latch on.
             return cls("toolcall", "<tool_call>", tokenizer.eos_token, person_query=" {}", place_query=" {}")

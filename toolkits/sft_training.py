@@ -85,7 +85,7 @@ class SFTConfig:
     """Trajectories per step."""
     lr: float = 1e-3
     """AdamW learning rate. At 3e-3 the skill stage stalled with one or two of the task's four kinds of fact
-    copied, on several seeds (docs/results.md); 1e-3 with the induction stage learned all four."""
+    copied, on several seeds (docs/history/results.md); 1e-3 with the induction stage learned all four."""
     warmup_steps: int = 30
     """Linear warm-up; a tiny model at full lr from step 0 can diverge on the first batches."""
     seed: int = 0
@@ -105,7 +105,7 @@ def induction_sequences(trajectories: list[Trajectory], count: int, *, seed: int
     transformer studies. Why it helps here is not established. In 300 steps its own loss falls only from about 6.3
     to 6.1 (the copy is not learned), yet with it before the reading stage, at lr 1e-3, seed 1's skill stage copied
     answers on 0.98 of validation questions after 200 steps, against 0.59 after 1,200 steps without it
-    (docs/results.md); it may only warm the attention up on passage tokens. Measured, not explained."""
+    (docs/history/results.md); it may only warm the attention up on passage tokens. Measured, not explained."""
     rng = random.Random(seed)
     vocabulary = sorted({token for t in trajectories for token, model in zip(t.response_ids, t.response_mask)
                          if not model})

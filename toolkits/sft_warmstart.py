@@ -175,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fact-copy-floor", type=float, default=0.0,
                         help="skill stage: answer copy every kind of fact must reach too (0: none). The mix stage "
                              "erodes the weakest kind most: toolcall seed 2 met the mean goal with profession at "
-                             "0.66, which the mix took to 0.29 and the mean under the mix floor (docs/results.md)")
+                             "0.66, which the mix took to 0.29 and the mean under the mix floor (docs/history/results.md)")
     parser.add_argument("--train-guessed-facts", action=argparse.BooleanOptionalAction, default=True,
                         help="mix stage: train a guess's answer whole (the default), or, with "
                              "--no-train-guessed-facts, "
                              "only up to its deciding token: the stage then sets how often to guess without teaching "
-                             "wrong facts, which wore the least-copied kind down on toolcall seed 2 (docs/results.md)")
+                             "wrong facts, which wore the least-copied kind down on toolcall seed 2 (docs/history/results.md)")
     parser.add_argument("--mix-answer-copy-floor", type=float, default=0.8,
                         help="mix stage: the answer copying it must keep while it mostly trains guesses")
     parser.add_argument("--search-band", type=float, nargs=2, default=(0.1, 0.4), metavar=("LOW", "HIGH"),
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                              "model that can answer from passages in front of it but was never shown what to search")
     parser.add_argument("--induction-steps", type=int, default=0,
                         help="first of all, steps of copying random token sequences written twice (helps the later "
-                             "stages learn to copy on the seeds measured; docs/results.md)")
+                             "stages learn to copy on the seeds measured; docs/history/results.md)")
     parser.add_argument("--reading-steps", type=int, default=300,
                         help="first, steps of language modelling on good trajectories, passages included")
     parser.add_argument("--skill-steps", type=int, default=400,
@@ -208,12 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="then steps on the behaviour mix, which sets how often the model searches")
     parser.add_argument("--balance-facts", action=argparse.BooleanOptionalAction, default=True,
                         help="skill stage: draw more of the kinds of fact the probes find least copied (without it, "
-                             "seed 2 under AVX2 kernels left two kinds uncopied for 1000 steps; docs/results.md)")
+                             "seed 2 under AVX2 kernels left two kinds uncopied for 1000 steps; docs/history/results.md)")
     parser.add_argument("--focus-stalled-fact", action=argparse.BooleanOptionalAction, default=False,
                         help="skill stage, with --balance-facts: a kind of fact still uncopied after 5 readings in "
                              "which every other kind is mostly copied is trained alone until it is "
                              "(toolkits/fact_focus.py; toolcall seed 1 under AVX2 kernels never started copying "
-                             "employer without it; docs/results.md)")
+                             "employer without it; docs/history/results.md)")
     parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
     parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)

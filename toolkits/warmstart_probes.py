@@ -46,7 +46,7 @@ class ProbeReading:
     def least_fact_copy(self) -> float:
         """Answer copy of the least-copied kind of fact (``answer_copy`` when the kinds are not known): a mean
         over the kinds can pass with one of them far behind, and the behaviour-mix stage erodes the weakest
-        kind most (docs/results.md, the toolcall seed table)."""
+        kind most (docs/history/results.md, the toolcall seed table)."""
         return min(self.answer_copy_by_fact.values(), default=self.answer_copy)
 
     def __str__(self) -> str:

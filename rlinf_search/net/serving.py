@@ -157,7 +157,7 @@ def serve_forever(app: FastAPI, sock: socket.socket, *, on_started: Callable[[st
 def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop where it is installed (a dependency on Linux and macOS), else asyncio's own. With uvloop
     and httptools (which uvicorn picks by itself) the retrieval server's HTTP work per request roughly halves, and
-    that work shares the cores with the encoder (docs/benchmarks.md, section 1)."""
+    that work shares the cores with the encoder (docs/history/benchmarks.md, section 1)."""
     try:
         import uvloop
     except ImportError:

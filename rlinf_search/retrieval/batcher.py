@@ -2,7 +2,7 @@
 
 Query encoding dominates retrieval cost, and on a GPU an encoder forward pass over 32 queries costs
 far less than 32 passes over one (on a 2-core CPU the encoder alone gains about 1.5x; see
-docs/benchmarks.md). Requests wait in a queue; the collector takes everything queued (waiting a short
+docs/history/benchmarks.md). Requests wait in a queue; the collector takes everything queued (waiting a short
 window for stragglers when the last batch served several requests, until as many as it served are back,
 up to a maximum batch), searches
 once in a batch thread and hands each request its rows. While a batch computes, the next one fills
@@ -12,7 +12,7 @@ With ``batch_threads`` above 1 (the server's ``--batch-threads``), a collection 
 split over the free batch threads, each computing on its share of the cores for torch's intra-op work; a
 batch alone takes every core. In-process on a 2-core CPU, two batches of 16 on one core each encoded
 1.3x the queries of one batch of 32 on both, since one forward pass scales poorly over two cores; behind
-HTTP the gain was not clear at 32 clients (docs/benchmarks.md section 1).
+HTTP the gain was not clear at 32 clients (docs/history/benchmarks.md section 1).
 """
 
 from __future__ import annotations

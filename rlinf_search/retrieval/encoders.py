@@ -113,7 +113,7 @@ class DenseEncoder:
             raise ValueError(f"query precision must be auto, fp32 or bf16, got {query_precision!r}")
         # bf16 for batches of queries on CPUs with bf16 matrix units (AMX): measured 4.2x the
         # reference server's queries/s at 32 clients vs 2.7x in fp32, with NFCorpus nDCG@10 0.316 vs
-        # 0.317 and HotpotQA recall identical (docs/benchmarks.md). A lone query is faster in fp32.
+        # 0.317 and HotpotQA recall identical (docs/history/benchmarks.md). A lone query is faster in fp32.
         self.query_bf16 = self.device.type == "cpu" and (
             query_precision == "bf16" or (query_precision == "auto" and _cpu_has_amx_bf16()))
         # Use every GPU for bulk passage encoding; queries are small enough for one device.

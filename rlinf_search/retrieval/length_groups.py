@@ -5,7 +5,7 @@ plus a fixed cost per pass (kernel launches, pooling, Python). Texts sorted by t
 consecutive groups by dynamic programming over that cost: short questions go together, a long one does not drag
 fifteen short ones to its length, and no pass is so small that its fixed cost dominates. On a 2-core CPU this
 encoded batches of 32 and 64 HotpotQA questions 1.2x faster than passes of 16 texts sorted by characters
-(docs/benchmarks.md section 1).
+(docs/history/benchmarks.md section 1).
 """
 
 from __future__ import annotations

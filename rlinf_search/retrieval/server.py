@@ -112,7 +112,7 @@ def _format_hits(corpus: CorpusStore, rows, scores, return_scores: bool) -> list
 class _DeclaredBodyLimit:
     """Refuses a request whose declared ``Content-Length`` is over the limit before its body is read (``read_body``
     still caps a body sent without one). Plain ASGI: Starlette's ``@app.middleware("http")`` wraps every request in a
-    task group and two memory streams, a third of the event loop's time at 32 clients (docs/benchmarks.md,
+    task group and two memory streams, a third of the event loop's time at 32 clients (docs/history/benchmarks.md,
     section 1)."""
 
     def __init__(self, app, *, max_bytes: int, refuse: Callable[[int, str], JSONResponse]):
@@ -248,7 +248,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=64, help="most queries searched in one batch")
     parser.add_argument("--batch-threads", type=int, default=1,
                         help="batches searched at once, each on its share of the cores (a batch alone takes them "
-                             "all); 2 was not a clear gain at 32 clients on 2 cores, see docs/benchmarks.md")
+                             "all); 2 was not a clear gain at 32 clients on 2 cores, see docs/history/benchmarks.md")
     parser.add_argument("--save-address-to", default=None, help="write host:port here once listening")
     return parser
 

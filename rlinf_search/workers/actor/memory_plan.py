@@ -8,7 +8,7 @@ shape (FSDP2, bf16 compute over fp32 master weights, checkpointing, packed rows,
 one and two ranks; that benchmark prints the plan beside each measured peak.
 ``benchmarks/gpu_actor_step.py`` prints this plan beside the GPU's measured peak, and
 ``tests/test_gpu.py`` holds the two within 10 % on a CUDA machine (on an H200: FSDP2 at the 3B shape 1.4 %
-above the plan, Megatron 8 %; docs/benchmarks.md section 7).
+above the plan, Megatron 8 %; docs/history/benchmarks.md section 7).
 """
 
 from __future__ import annotations
