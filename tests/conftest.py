@@ -74,3 +74,16 @@ def two_slot_cluster():
 
     with Cluster(ClusterConfig(cpu_slots_per_node=2, num_cpus=2, component_placement={"rollout": "0-1"})) as running:
         yield running
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The docs lane's count in the summary: shell blocks of README.md and docs/*.md run, and checked unrun."""
+    calls = [report for outcome in ("passed", "failed") for report in terminalreporter.stats.get(outcome, [])
+             if getattr(report, "when", "") == "call" and "test_doc_blocks.py::" in report.nodeid]
+    if not calls:
+        return
+    ran = [r for r in calls if "test_a_run_block_runs[" in r.nodeid]
+    checked = [r for r in calls if "test_the_commands_of_a_block" in r.nodeid]
+    failed = sum(r.failed for r in ran + checked)
+    terminalreporter.write_line(f"docs as tests: {len(ran)} shell blocks run, {len(checked)} blocks' commands checked "
+                                f"(flags, paths, recipes), {failed} failed")
