@@ -131,3 +131,39 @@ def test_check_takes_a_yaml_path_with_its_own_defaults(tmp_path):
     done = cli("check", str(recipe), "--no-files", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{recipe}: ok (training")
+
+
+@pytest.mark.parametrize("launcher, says", [
+    ("run_main_searchr1_single.sh", "rlinf-search train"), ("run_main_searchr1_single_eval.sh", "rlinf-search eval"),
+    ("build_index.sh", "rlinf-search index build --help"), ("launch_local_server.sh", "rlinf-search index serve --help")])
+def test_the_launchers_answer_help_and_leave_nothing_behind(launcher, says, tmp_path):
+    done = subprocess.run(["bash", str(ROOT / "examples/searchr1" / launcher), "--help"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0 and says in done.stdout, done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_index_launchers_build_and_serve_through_the_command(tmp_path):
+    import json
+
+    import httpx
+
+    env = {**os.environ, "PYTHON": sys.executable, "PORT": "0"}
+    corpus = ROOT / "tests/data/hotpotqa_100/corpus.jsonl"
+    built = subprocess.run(["bash", str(ROOT / "examples/searchr1/build_index.sh"), str(corpus), str(tmp_path / "idx"),
+                            "bm25"], capture_output=True, text=True, env=env, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    address_file = tmp_path / "server.addr"
+    server = subprocess.Popen(["bash", str(ROOT / "examples/searchr1/launch_local_server.sh"), str(tmp_path / "idx"),
+                               str(corpus), "bm25", "--save-address-to", str(address_file)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        from rlinf_search.retrieval.launch import wait_for_address_file
+
+        address = wait_for_address_file(address_file, timeout_s=120)
+        answer = httpx.post(f"http://{address}/retrieve", json={"queries": ["Demon Dice dice game"], "topk": 1},
+                            timeout=30).json()
+        assert json.dumps(answer["result"][0][0]).count("Demon Dice") >= 1
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)

@@ -14,4 +14,4 @@ OUT="${2:?usage: build_index.sh CORPUS OUT_DIR [RETRIEVER] [args...] (--help for
 RETRIEVER="${3:-hybrid}"
 shift $(( $# < 3 ? $# : 3 ))
 PY="${PYTHON:-python}"
-exec "$PY" -m rlinf_search.retrieval.build_index --corpus "$CORPUS" --out "$OUT" --retriever "$RETRIEVER" "$@"
+exec "$PY" -m rlinf_search.cli index build --corpus "$CORPUS" --out "$OUT" --retriever "$RETRIEVER" "$@"

@@ -20,11 +20,11 @@ PY="${PYTHON:-python}"
 REPLICAS="${REPLICAS:-1}"
 PORT="${PORT:-8000}"
 serve() {
-    "$PY" -m rlinf_search.retrieval.server --index-dir "$INDEX_DIR" --corpus "$CORPUS" \
+    "$PY" -m rlinf_search.cli index serve --index-dir "$INDEX_DIR" --corpus "$CORPUS" \
         --retriever "$RETRIEVER" --host "${HOST:-127.0.0.1}" --port "$1" --topk "${TOPK:-3}" "${@:2}"
 }
 if [ "$REPLICAS" -le 1 ]; then
-    exec "$PY" -m rlinf_search.retrieval.server --index-dir "$INDEX_DIR" --corpus "$CORPUS" \
+    exec "$PY" -m rlinf_search.cli index serve --index-dir "$INDEX_DIR" --corpus "$CORPUS" \
         --retriever "$RETRIEVER" --host "${HOST:-127.0.0.1}" --port "$PORT" --topk "${TOPK:-3}" "$@"
 fi
 pids=()
