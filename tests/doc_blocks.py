@@ -16,6 +16,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlinf_search.cli.app import MODULE_COMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 RUN = "run"
@@ -125,9 +127,8 @@ def module_sources(argv: list[str]) -> tuple[str, list[Path], list[str]] | None:
 
 
 CLI_MODULES = {"check": "rlinf_search.cli.app", "train": "rlinf_search.cli.app", "demo": "rlinf_search.cli.app",
-               "prepare": "rlinf_search.data.prepare", "index build": "rlinf_search.retrieval.build_index",
-               "index serve": "rlinf_search.retrieval.server", "serve": "rlinf_search.serve",
-               "plot": "rlinf_search.plot", "eval": "rlinf_search.runners.eval_runner"}
+               "eval": "rlinf_search.runners.eval_runner",
+               **{name: module for name, (module, _) in MODULE_COMMANDS.items()}}
 """Where each ``rlinf-search`` subcommand's flags are defined: the app's own (typer options) or the module's parser
 it hands its arguments to."""
 

@@ -14,6 +14,7 @@ included, so they take exactly the flags ``python -m <module>`` takes.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -86,44 +87,31 @@ def eval_command(ctx: typer.Context) -> None:
     raise typer.Exit(main(args))
 
 
-@app.command("prepare", **_PASS_ON)
-def prepare_command(ctx: typer.Context) -> None:
-    """Turn question files (FlashRAG, HotpotQA, NQ, Search-R1 parquet, ...) into prompts (see --help)."""
-    from rlinf_search.data.prepare import main
-
-    raise typer.Exit(main(list(ctx.args)))
-
-
-@index_app.command("build", **_PASS_ON)
-def index_build_command(ctx: typer.Context) -> None:
-    """Build retrieval indexes over a corpus: bm25, dense encoders, hybrid (see --help)."""
-    from rlinf_search.retrieval.build_index import main
-
-    raise typer.Exit(main(list(ctx.args)))
+MODULE_COMMANDS = {
+    "prepare": ("rlinf_search.data.prepare",
+                "Turn question files (FlashRAG, HotpotQA, NQ, Search-R1 parquet, ...) into prompts (see --help)."),
+    "index build": ("rlinf_search.retrieval.build_index",
+                    "Build retrieval indexes over a corpus: bm25, dense encoders, hybrid (see --help)."),
+    "index serve": ("rlinf_search.retrieval.server", "Serve built indexes over HTTP with the Search-R1 API (see --help; "
+                    "--port 0 and --save-address-to FILE)."),
+    "serve": ("rlinf_search.serve.__main__", "Serve a Hugging Face model with an OpenAI-compatible API: completions "
+              "and chat, streaming (see --help)."),
+    "plot": ("rlinf_search.plot", "Draw a run's curves (reward, EM, searches, KL, ... per step) to a PNG (see --help)."),
+}
+"""The subcommands that hand every argument to a module's own ``main(argv)``: (module, help)."""
 
 
-@index_app.command("serve", **_PASS_ON)
-def index_serve_command(ctx: typer.Context) -> None:
-    """Serve built indexes over HTTP with the Search-R1 API (see --help; --port 0 and --save-address-to FILE)."""
-    from rlinf_search.retrieval.server import main
+def _module_command(module: str, doc: str):
+    def command(ctx: typer.Context) -> None:
+        raise typer.Exit(importlib.import_module(module).main(list(ctx.args)))
 
-    raise typer.Exit(main(list(ctx.args)))
-
-
-@app.command("serve", **_PASS_ON)
-def serve_command(ctx: typer.Context) -> None:
-    """Serve a Hugging Face model with an OpenAI-compatible API: completions and chat, streaming (see --help)."""
-    from rlinf_search.serve.__main__ import main
-
-    raise typer.Exit(main(list(ctx.args)))
+    command.__doc__ = doc
+    return command
 
 
-@app.command("plot", **_PASS_ON)
-def plot_command(ctx: typer.Context) -> None:
-    """Draw a run's curves (reward, EM, searches, KL, ... per step) to a PNG (see --help)."""
-    from rlinf_search.plot import main
-
-    raise typer.Exit(main(list(ctx.args)))
+for _name, (_module, _doc) in MODULE_COMMANDS.items():
+    (index_app if _name.startswith("index ") else app).command(_name.split()[-1], **_PASS_ON)(
+        _module_command(_module, _doc))
 
 
 @app.command("demo", **_PASS_ON)

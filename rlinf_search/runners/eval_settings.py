@@ -93,14 +93,10 @@ def find_training_config(model_dir: Path) -> Path | None:
 def eval_settings(model_dir: Path, server_addr: str, overrides: EvalOverrides) -> EvalSettings:
     """The eval's loop and tool: the training run's where its config is found, each override applied on top."""
     source = find_training_config(model_dir)
-    if source is None:
-        base_loop, base_search = AgentLoopConfig(), SearchToolConfig()
-        trained = {"topk": base_search.topk, "protocol": base_loop.protocol, "max_turns": base_loop.max_turns,
-                   "max_new_tokens": SamplingParams.max_new_tokens}
-    else:
-        base_search, base_loop = _training_agent(source)
-        trained = {"topk": base_search.topk, "protocol": base_loop.protocol, "max_turns": base_loop.max_turns,
-                   "max_new_tokens": base_loop.max_tokens_per_turn}
+    # Without a training config: the defaults (AgentLoopConfig's turn budget is SamplingParams.max_new_tokens).
+    base_search, base_loop = (SearchToolConfig(), AgentLoopConfig()) if source is None else _training_agent(source)
+    trained = {"topk": base_search.topk, "protocol": base_loop.protocol, "max_turns": base_loop.max_turns,
+               "max_new_tokens": base_loop.max_tokens_per_turn}
     chosen = {name: trained[name] if getattr(overrides, name) is None else getattr(overrides, name)
               for name in trained}
     flags = {"topk": ("--topk", "tools.search.topk"), "protocol": ("--protocol", "agent.protocol"),
