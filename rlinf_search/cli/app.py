@@ -87,6 +87,63 @@ def eval_command(ctx: typer.Context) -> None:
     raise typer.Exit(main(args))
 
 
+@app.command("ablate")
+def ablate_command(
+        study: Optional[str] = typer.Argument(None, help="a shipped study (--list) or a study YAML file"),
+        overrides: Optional[list[str]] = typer.Argument(None, help="Hydra overrides every arm gets (key=value), "
+                                                        "before the arm's own"),
+        base: Path = typer.Option(Path("outputs/demo"), help="a finished scripts/demo.sh folder: its warm start "
+                                  "(model/sft), data and index are every cell's"),
+        out: Optional[Path] = typer.Option(None, help="the sweep's folder (default outputs/ablate/STUDY)"),
+        seeds: str = typer.Option("0,1,2", help="data.seed of each cell's GRPO run, comma-separated"),
+        steps: int = typer.Option(30, min=1, help="GRPO steps a cell trains"),
+        eval_n: int = typer.Option(300, min=1, help="held-out test questions a cell is scored on (greedy)"),
+        arms: str = typer.Option("", help="run only these arms (comma-separated; default all)"),
+        config: str = typer.Option("tiny-cpu", help="the recipe the arms override"),
+        report_only: bool = typer.Option(False, "--report-only", help="write the report from finished cells; run "
+                                         "nothing"),
+        list_studies: bool = typer.Option(False, "--list", help="list the shipped studies and their arms")) -> None:
+    """Run an ablation: every arm x seed from one warm start (GRPO, then the held-out eval with the training's
+    retrieval settings), as a Hydra multirun; finished cells are kept, so a second call runs only what is missing.
+    Writes results.json, table.md and curves.png (mean and spread over seeds) in the sweep's folder."""
+    from rlinf_search.ablation.cell import SweepSettings
+    from rlinf_search.ablation.report import write_report
+    from rlinf_search.ablation.run import ablate
+    from rlinf_search.ablation.study import load_study, select_arms, study_names
+
+    if list_studies:
+        for name in study_names():
+            found = load_study(name)
+            print(f"{name}: {found.title} (arms: {', '.join(found.arms)})")
+        return
+    if study is None:
+        print("ablate: give a study (rlinf-search ablate --list shows the shipped ones) or a study YAML file",
+              file=sys.stderr)
+        raise typer.Exit(2)
+    try:
+        found = load_study(study)
+        chosen = select_arms(found, [a for a in arms.split(",") if a])
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ConfigError as exc:
+        print(f"ablate: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except ValueError:
+        print(f"ablate: --seeds {seeds!r}: expected comma-separated integers", file=sys.stderr)
+        raise typer.Exit(2) from None
+    settings = SweepSettings(base=base.resolve(), config=config, steps=steps, eval_n=eval_n,
+                             out=(out or Path("outputs/ablate") / found.name).resolve(),
+                             overrides=tuple(overrides or ()))
+    if report_only:
+        _, text = write_report(found, settings, chosen, seed_list)
+        print(text)
+        return
+    try:
+        raise typer.Exit(ablate(found, chosen, seed_list, settings))
+    except ConfigError as exc:
+        print(f"ablate: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
 MODULE_COMMANDS = {
     "prepare": ("rlinf_search.data.prepare",
                 "Turn question files (FlashRAG, HotpotQA, NQ, Search-R1 parquet, ...) into prompts (see --help)."),

@@ -131,6 +131,21 @@ def sync_dtype(receivers: list[str]) -> str | None:
     return kinds.pop() if len(kinds) == 1 and kinds <= {"float16", "bfloat16"} else None
 
 
+def _check_trained_observations(raw: dict, pipeline: str, *, recompute: bool, correction: str | None) -> None:
+    """``algorithm.mask_observations: false`` trains tokens the engine never sampled: they have no behaviour
+    log-prob, so the old log-probs must be recomputed and nothing may weigh by the engine's."""
+    if get_bool(raw, "algorithm.mask_observations", RunConfig.mask_observations):
+        return
+    why = ("algorithm.recompute_logprobs is false" if not recompute else
+           f"runner.pipeline is {pipeline}" if pipeline != "sync" else
+           f"algorithm.mismatch_correction is {correction}" if correction else
+           "algorithm.distill is set" if get(raw, "algorithm.distill") is not None else None)
+    if why:
+        raise ConfigError(f"algorithm.mask_observations: false needs engine-free old log-probs, but {why}: observation "
+                          "tokens have no behaviour log-prob; use runner.pipeline: sync with "
+                          "algorithm.recompute_logprobs: true and no mismatch_correction or distill")
+
+
 def validate_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> RunConfig:
     """Check the whole config once; return its typed view. Raises ``ConfigError`` naming the key. ``files``: open
     the files the config names (the default) or list them as skipped (``rlinf-search check --no-files``)."""
@@ -181,6 +196,7 @@ def validate_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> 
     correction = async_correction(runner.pipeline, written=actor.loss.mismatch_correction, recompute=recompute,
                                   present="mismatch_correction" in get(raw, "algorithm", {}))
     actor = replace(actor, loss=replace(actor.loss, mismatch_correction=correction))
+    _check_trained_observations(raw, runner.pipeline.name, recompute=recompute, correction=correction)
     return read_view(
         raw, RunConfig, "", cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
         agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths, val_data_paths=val_paths,

@@ -60,6 +60,9 @@ class RunConfig:
     """Advantage estimator: a registered name or a dotted path."""
     recompute_logprobs: bool = declared(True, BOOL, at="algorithm.recompute_logprobs")
     """Recompute old log-probs (actor or InferenceGroup) instead of using the engine's."""
+    mask_observations: bool = declared(True, BOOL, at="algorithm.mask_observations")
+    """Keep observation tokens (search results, corrective notes) out of the loss. ``false`` trains them as if the
+    policy had written them (Search-R1's ``state_masking: false``, the paper's ablation)."""
     inference: InferenceConfig
     """``inference``: whether an InferenceGroup computes the log-probs apart from the actor, and how."""
     logprobs: LogprobPlan

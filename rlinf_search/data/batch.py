@@ -100,8 +100,10 @@ class RolloutBatch:
         return replace(self, prompt_length=self.prompt_length - start, **changes)
 
 
-def collate_trajectories(trajectories: list[Trajectory], rewards: list[float], pad_id: int) -> RolloutBatch:
-    """Pad trajectories into a ``RolloutBatch``."""
+def collate_trajectories(trajectories: list[Trajectory], rewards: list[float], pad_id: int, *,
+                         train_observations: bool = False) -> RolloutBatch:
+    """Pad trajectories into a ``RolloutBatch``. ``train_observations``: every response token gets mask 1, the
+    observations too (``algorithm.mask_observations: false``)."""
     if not trajectories:
         raise ValueError("cannot collate an empty list of trajectories")
     prompt_width = max(len(t.prompt_ids) for t in trajectories)
@@ -117,7 +119,7 @@ def collate_trajectories(trajectories: list[Trajectory], rewards: list[float], p
         input_ids[row, prompt_width - p: prompt_width] = torch.tensor(traj.prompt_ids, dtype=torch.long)
         input_ids[row, prompt_width: prompt_width + r] = torch.tensor(traj.response_ids, dtype=torch.long)
         attention[row, prompt_width - p: prompt_width + r] = 1
-        response_mask[row, :r] = torch.tensor(traj.response_mask, dtype=torch.long)
+        response_mask[row, :r] = 1 if train_observations else torch.tensor(traj.response_mask, dtype=torch.long)
         rollout_logprobs[row, :r] = torch.tensor(traj.rollout_logprobs, dtype=torch.float32)
         if traj.token_versions:
             token_versions[row, :r] = torch.tensor(traj.token_versions, dtype=torch.long)

@@ -82,5 +82,5 @@ def build_stages(config: RunConfig, groups: Groups, prompts: PromptStream, weigh
     teacher = open_teacher(config.distill, student_model=config.rollout.model_path) if config.distill else None
     prepare = BatchPreparation(reward=RewardStage(groups.reward), logprobs=LogprobStage(config.logprobs, groups),
                                values=ValueStage.build(config, groups), advantages=AdvantageStage.build(config),
-                               teacher=teacher)
+                               teacher=teacher, train_observations=not config.mask_observations)
     return StepStages(source=source, prepare=prepare, update=UpdateStage.build(config, groups), weights=weights)

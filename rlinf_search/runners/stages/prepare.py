@@ -35,9 +35,12 @@ class BatchPreparation:
     """Teacher (optional), reward, log-probs, values (optional) and advantages, over one batch of groups."""
 
     def __init__(self, *, reward: RewardStage, logprobs: LogprobStage, advantages: AdvantageStage,
-                 values: ValueStage | None = None, teacher: TeacherScorer | None = None):
+                 values: ValueStage | None = None, teacher: TeacherScorer | None = None,
+                 train_observations: bool = False):
         self.reward, self.logprobs, self.advantages = reward, logprobs, advantages
         self.values, self.teacher = values, teacher
+        self.train_observations = train_observations
+        """``algorithm.mask_observations: false``: observation tokens are trained too."""
 
     def __call__(self, records: list[QARecord], groups: list[FinishedGroup], timer: StepTimer, *,
                  ends_step: bool, trained_version: int | None = None) -> PreparedBatch:
@@ -52,7 +55,8 @@ class BatchPreparation:
             teacher = self.teacher.start([records[g.index] for g in groups], trajectories)
         with timer.phase("reward"):
             scores = self.reward(trajectories)
-        batch = collate_trajectories(trajectories, [s.reward for s in scores], pad_id=0)
+        batch = collate_trajectories(trajectories, [s.reward for s in scores], pad_id=0,
+                                     train_observations=self.train_observations)
         batch.trained_version = trained_version
         with timer.phase("inference"):
             self.logprobs(batch)
