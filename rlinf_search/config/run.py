@@ -34,6 +34,7 @@ from rlinf_search.config.sections import (
 )
 from rlinf_search.config.training import CRITIC_BY_DEFAULT, actor_config, critic_config, policy_loss
 from rlinf_search.data.prepare import count_records
+from rlinf_search.monitors import MonitorsConfig, check_stop_on
 from rlinf_search.runners.metric_logger import check_backends
 from rlinf_search.scheduler.placement import Placement
 from rlinf_search.workers.actor.config import ActorConfig
@@ -197,9 +198,14 @@ def validate_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> 
                                   present="mismatch_correction" in get(raw, "algorithm", {}))
     actor = replace(actor, loss=replace(actor.loss, mismatch_correction=correction))
     _check_trained_observations(raw, runner.pipeline.name, recompute=recompute, correction=correction)
+    monitors = read_view(raw, MonitorsConfig, "monitors")
+    try:
+        check_stop_on(monitors.stop_on)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return read_view(
         raw, RunConfig, "", cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
         agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths, val_data_paths=val_paths,
         inference=inference, logprobs=logprobs, prompt_limit=limit, reward=reward, critic=critic,
         actor_group=groups["actor"], rollout_group=groups["rollout"], reward_group=groups["reward"],
-        distill=distill_config(raw, temperature=sampling.temperature), settings=raw)
+        distill=distill_config(raw, temperature=sampling.temperature), monitors=monitors, settings=raw)

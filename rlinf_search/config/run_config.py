@@ -15,6 +15,7 @@ from rlinf_search.config.runner import RunnerConfig
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.distill.config import DistillConfig
 from rlinf_search.key_declarations import BOOL, STR, Float, Int, declared
+from rlinf_search.monitors.config import MonitorsConfig
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement
 from rlinf_search.tools.search.config import SearchToolConfig
@@ -94,6 +95,8 @@ class RunConfig:
     """GAE lambda."""
     critic: CriticConfig | None = None
     """The value model for GAE (``critic`` with ``use_critic_model: true``); None without one."""
+    monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
+    """``monitors``: the collapse monitors' thresholds and which of them stop the run."""
     distill: DistillConfig | None = None
     """``algorithm.distill``: the teacher and its advantage term; None when the run does not distil."""
     settings: dict = field(default_factory=dict)

@@ -33,6 +33,7 @@ from rlinf_search.key_declarations import (
     section_tree,
 )
 from rlinf_search.key_declarations import check_values as _check_values
+from rlinf_search.monitors.config import MonitorsConfig
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.actor.config import LR_SCHED_KEYS, ActorConfig, OptimConfig, PolicyLossConfig
@@ -99,13 +100,14 @@ SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), section_tree(RunConfi
         "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL,
         "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
     "reward": section_tree(RewardConfig, also={"reward_type": Choice(*REWARD_TYPES)}),
+    "monitors": section_tree(MonitorsConfig),
     "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0, relation="< the run's steps"),
                "model": {"model_path": STR, "precision": PRECISION},
                "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
 })
 VIEW_SECTIONS = (("", ActorConfig), ("", RunConfig), ("algorithm", PolicyLossConfig), ("runner", RunnerConfig),
                  ("rollout", RolloutConfig), ("reward", RewardConfig), ("agentloop", AgentLoopConfig),
-                 ("data", PromptLimit))
+                 ("data", PromptLimit), ("monitors", MonitorsConfig))
 """(section, view) of every view read by ``from_section``: each field declares the key it reads (relative to the
 section; "" is the config's top), its default and its range, and ``SCHEMA`` takes them from there."""
 DATACLASS_SECTIONS = {"cluster": ClusterConfig, "tools.search": SearchToolConfig,

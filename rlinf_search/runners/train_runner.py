@@ -38,6 +38,8 @@ from rlinf_search.runners.step_metrics import (
     step_metrics,
     validation_metrics,
 )
+from rlinf_search.monitors import CollapseWatch
+from rlinf_search.runners.collapse import CollapseStop, last_checkpoint_before, report_firings, resumed_watch
 from rlinf_search.scheduler import WeightSync
 from rlinf_search.workers.tool.launch import SearchGroupMeter
 
@@ -82,6 +84,9 @@ class SearchR1Runner:
             losses_recovered=self.restarts.covers and self.stages.source.restarts is not None and groups.engines is None)
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
         self._search_meter = SearchGroupMeter(groups.search) if groups.search is not None else None
+        self.watch = CollapseWatch(config.monitors)
+        if resumed_from is not None:  # the monitors' baselines and firings from the steps already run
+            self.watch = resumed_watch(config.monitors, Path(config.runner.log_path), upto=self.state.global_step)
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -167,7 +172,15 @@ class SearchR1Runner:
                 step = self.state.global_step
                 if runner.val_check_interval and step % runner.val_check_interval == 0:
                     metrics.update(self.validate())  # overlap: the rollout in flight finishes first, then the weights go out
+                firings = self.watch.observe(step, metrics)
+                metrics.update({f"monitor/{f.monitor}": 1.0 for f in firings})
                 self.logger.log(metrics, step)
+                stop = report_firings(firings, Path(runner.log_path))
+                if stop is not None:  # this step's checkpoint is not written: the collapse is in it
+                    self.logger.close()
+                    self.stages.close()
+                    raise CollapseStop(f"{stop.line}; monitors.stop_on names it, so the run stops here; the last "
+                                       f"checkpoint before the collapse: {last_checkpoint_before(self.ckpt_dir, stop.since)}")
                 if (runner.save_interval and step % runner.save_interval == 0) or step == total:
                     self.save()
                 bar.update(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from rlinf_search.agents.searchr1.quality import quality_metrics
 from rlinf_search.data.io_struct import Trajectory
 from rlinf_search.tools.search.metrics import percentile
 
@@ -43,5 +44,6 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         errors.update(traj.tool_errors)
     metrics.update({f"rollout/tool_calls/{name}": count / n for name, count in sorted(calls.items())})
     metrics.update({f"rollout/tool_errors/{name}": count / n for name, count in sorted(errors.items())})
+    metrics.update(quality_metrics(trajectories))  # repetition, broken format, searches that found the answer
     return metrics
 
