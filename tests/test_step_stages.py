@@ -5,6 +5,9 @@ test_distill_run.py and test_stream_step.py."""
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.io_struct import FinishedGroup, RewardScore, Trajectory
 from rlinf_search.runners.stages import PreparedBatch
@@ -37,17 +40,21 @@ def test_batches_that_finished_out_of_order_come_back_in_prompt_order():
         groups = [FinishedGroup(index=i, rank=0, trajectories=[_trajectory(i, s) for s in range(2)]) for i in indices]
         rows = [t for g in groups for t in g.trajectories]
         scores = [RewardScore(reward=float(i), em=0.0) for i in indices for _ in range(2)]
-        return PreparedBatch(groups=groups, batch=collate_trajectories(rows, [s.reward for s in scores], pad_id=0),
-                             scores=scores)
+        batch = collate_trajectories(rows, [s.reward for s in scores], pad_id=0)
+        # each row's advantage its prompt's index plus a tenth of its sample, on its trained tokens
+        batch.advantages = torch.tensor([[i + s / 10] * 2 for i in indices for s in range(2)])
+        return PreparedBatch(groups=groups, batch=batch, scores=scores)
 
     records = [f"record {p}" for p in range(5)]
-    kept, trajectories, scores = _in_prompt_order([prepared([3, 0]), prepared([2]), prepared([4, 1])], records)
+    kept, trajectories, scores, advantages = _in_prompt_order([prepared([3, 0]), prepared([2]), prepared([4, 1])],
+                                                              records)
+    assert advantages == pytest.approx([p + s / 10 for p in range(5) for s in range(2)]), "each its own row's"
     assert kept == records
     assert [t.uid for t in trajectories] == [f"q{p}" for p in range(5) for _ in range(2)]
     assert [t.response_ids[0] for t in trajectories] == [10, 11] * 5, "samples stay in sample order"
     assert [s.reward for s in scores] == [float(p) for p in range(5) for _ in range(2)], "each score its own row"
     # A group dropped for an infrastructure failure is in no batch: its prompt is left out, the rest keep their order.
-    kept, trajectories, scores = _in_prompt_order([prepared([3, 0]), prepared([4, 1])], records)
+    kept, trajectories, scores, _ = _in_prompt_order([prepared([3, 0]), prepared([4, 1])], records)
     assert kept == ["record 0", "record 1", "record 3", "record 4"]
     assert [t.uid for t in trajectories] == [f"q{p}" for p in (0, 1, 3, 4) for _ in range(2)]
     assert [s.reward for s in scores] == [float(p) for p in (0, 1, 3, 4) for _ in range(2)]

@@ -154,6 +154,8 @@ MODULE_COMMANDS = {
     "serve": ("rlinf_search.serve.__main__", "Serve a Hugging Face model with an OpenAI-compatible API: completions "
               "and chat, streaming (see --help)."),
     "plot": ("rlinf_search.plot", "Draw a run's curves (reward, EM, searches, KL, ... per step) to a PNG (see --help)."),
+    "view": ("rlinf_search.viewer.__main__", "Serve a run's trajectories and curves to the browser on loopback: turns, "
+             "passages, trained and masked tokens by policy version, filters, monitors' firings (see --help)."),
     "monitors": ("rlinf_search.monitors.__main__", "Replay the collapse monitors over a run: which fired, at which "
                  "step, since when (see --help)."),
 }

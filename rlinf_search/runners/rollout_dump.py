@@ -14,6 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rlinf_search.data.io_struct import QARecord, RewardScore, Trajectory
 
@@ -48,20 +49,30 @@ class DumpedTrajectory:
     """``answer``, ``eos``, ``max_turns``, ``max_response_tokens``, ``length`` or ``infra_error``."""
     num_turns: int
     """Generation calls."""
+    advantage: float | None = None
+    """The advantage its model tokens trained with (their mean: one value for GRPO); None: not trained (a
+    validation trajectory)."""
+    sample: int = 0
+    """Its place in its prompt's group of samples."""
 
 
-def dump_row(record: QARecord, traj: Trajectory, score: RewardScore) -> DumpedTrajectory:
+def dump_row(record: QARecord, traj: Trajectory, score: RewardScore, *, advantage: float | None = None,
+             sample: int = 0, pieces: Callable[[list[int]], list[str]] | None = None) -> DumpedTrajectory:
+    """``pieces``: each token id's text (the tokenizer's), so each span also lists its tokens (``tokens``)."""
     return DumpedTrajectory(
         uid=traj.uid, data_source=record.data_source, question=record.question, prompt=record.prompt,
-        golden_answers=list(record.golden_answers), response=[_dumped_span(traj, s) for s in traj.spans],
+        golden_answers=list(record.golden_answers), response=[_dumped_span(traj, s, pieces) for s in traj.spans],
         queries=list(traj.queries), reward=float(score.reward), em=float(score.em),
-        finish_reason=traj.finish_reason, num_turns=traj.num_turns)
+        finish_reason=traj.finish_reason, num_turns=traj.num_turns, advantage=advantage, sample=sample)
 
 
-def _dumped_span(traj: Trajectory, span) -> dict:
+def _dumped_span(traj: Trajectory, span, pieces: Callable[[list[int]], list[str]] | None = None) -> dict:
     """A span as the dump writes it: kind, text and the oldest version; a model span whose tokens carry versions
-    also gets ``versions``: [version, tokens] runs in order (two runs: the engines continued it across a swap)."""
+    also gets ``versions``: [version, tokens] runs in order (two runs: the engines continued it across a swap);
+    with ``pieces``, ``tokens``: each token's text, in order (the viewer colours them)."""
     row = {"kind": span.kind, "text": span.text, "version": span.weight_version}
+    if pieces is not None:
+        row["tokens"] = pieces(traj.response_ids[span.start: span.end])
     if span.kind == "model" and traj.token_versions:
         runs: list[list[int]] = []
         for version in traj.token_versions[span.start: span.end]:

@@ -85,6 +85,7 @@ class SearchR1Runner:
         self._engine_activity.step()  # the baseline the first step's engine-idle share is measured from
         self._search_meter = SearchGroupMeter(groups.search) if groups.search is not None else None
         self.watch = CollapseWatch(config.monitors)
+        self._tokenizer = None
         if resumed_from is not None:  # the monitors' baselines and firings from the steps already run
             self.watch = resumed_watch(config.monitors, Path(config.runner.log_path), upto=self.state.global_step)
 
@@ -109,12 +110,12 @@ class SearchR1Runner:
         source_metrics = rollout.end()
         stages.weights.after_update(step, timer)
 
-        records, trajectories, scores = _in_prompt_order(prepared, rollout.records)
+        records, trajectories, scores, advantages = _in_prompt_order(prepared, rollout.records)
         append_batch_audit(self.config.runner.log_path, step, records, trajectories, dropped=infra.dropped_uids)
         if rollout.minibatches:  # a streamed step's mini-batches, in the order the actor trained them
             append_minibatch_audit(self.config.runner.log_path, step, [m for m in rollout.minibatches if m])
         self._dump(f"step_{step}", records, trajectories, scores,
-                   keep=spread(len(trajectories), self.config.runner.rollout_dump))
+                   keep=spread(len(trajectories), self.config.runner.rollout_dump), advantages=advantages)
         metrics = step_metrics(trajectories, scores, trained.actor + trained.critic, timer)
         metrics.update(infra.metrics())
         metrics.update(self.restarts.metrics())
@@ -131,14 +132,25 @@ class SearchR1Runner:
         return metrics
 
     def _dump(self, name: str, records: list[QARecord], trajectories: list[Trajectory], scores: list[RewardScore],
-              *, keep: list[int]) -> None:
-        """``runner.rollout_dump``: the trajectories at ``keep`` to ``output_dir/rollouts/{name}.jsonl``.
-        ``records[i // samples]`` is trajectory i's prompt (each prompt's samples are consecutive)."""
+              *, keep: list[int], advantages: list[float] | None = None) -> None:
+        """``runner.rollout_dump``: the trajectories at ``keep`` to ``output_dir/rollouts/{name}.jsonl``, each
+        span with its tokens' text (``rlinf-search view`` colours them). ``records[i // samples]`` is trajectory
+        i's prompt (each prompt's samples are consecutive); ``advantages``: each trajectory's, where trained."""
         if not keep:
             return
         samples = len(trajectories) // len(records)
         write_dump(self.config.runner.output_dir, name,
-                   [dump_row(records[i // samples], trajectories[i], scores[i]) for i in keep])
+                   [dump_row(records[i // samples], trajectories[i], scores[i], sample=i % samples,
+                             advantage=None if advantages is None else advantages[i], pieces=self._token_pieces)
+                    for i in keep])
+
+    def _token_pieces(self, ids: list[int]) -> list[str]:
+        """Each id's text, by the policy's tokenizer (loaded here on the first dump)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.config.rollout.model_path)
+        return [self._tokenizer.decode([i]) for i in ids]
 
     # ---- validation, checkpoints, the loop --------------------------------------------------
     def validate(self) -> dict[str, float]:
@@ -192,17 +204,27 @@ class SearchR1Runner:
 
 
 def _in_prompt_order(prepared: list[PreparedBatch], records: list[QARecord]
-                     ) -> tuple[list[QARecord], list[Trajectory], list[RewardScore]]:
-    """The prompts a step trained, their trajectories and rewards in the prompts' order (each prompt's samples
-    consecutive), from its prepared batches of groups in whatever order the groups finished. A group dropped for
-    an infrastructure failure is in no batch, so its prompt is left out."""
+                     ) -> tuple[list[QARecord], list[Trajectory], list[RewardScore], list[float]]:
+    """The prompts a step trained, their trajectories, rewards and advantages (each trajectory's mean over its
+    trained tokens) in the prompts' order (each prompt's samples consecutive), from its prepared batches of groups
+    in whatever order the groups finished. A group dropped for an infrastructure failure is in no batch, so its
+    prompt is left out."""
     by_index = {}
     for part in prepared:
         row = 0
+        means = trained_means(part.batch)
         for group in part.groups:
             size = len(group.trajectories)
-            by_index[group.index] = (group.trajectories, part.scores[row:row + size])
+            by_index[group.index] = (group.trajectories, part.scores[row:row + size], means[row:row + size])
             row += size
     order = sorted(by_index)
     return ([records[i] for i in order], [t for i in order for t in by_index[i][0]],
-            [s for i in order for s in by_index[i][1]])
+            [s for i in order for s in by_index[i][1]], [a for i in order for a in by_index[i][2]])
+
+
+def trained_means(batch) -> list[float]:
+    """Each row's advantage, averaged over the tokens it trained (``response_mask``)."""
+    if batch.advantages is None:
+        return [float("nan")] * len(batch.uids)
+    mask = batch.response_mask.to(batch.advantages.dtype)
+    return ((batch.advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).tolist()
