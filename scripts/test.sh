@@ -35,10 +35,28 @@ run_pytest() {
     )
 }
 
+# The viewer's browser test (heavy lane) drives Debian's chromium through chromedriver. Installed here where this
+# runs as root with apt (CI does); elsewhere the test is skipped with a line saying how to install them.
+ensure_chromium() {
+    if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then return 0; fi
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "[setup] no chromium and chromedriver (apt-get install chromium chromium-driver): the browser test skips"
+        return 0
+    fi
+    echo "[setup] installing chromium and chromium-driver for the viewer's browser test"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; then
+        apt-get update -q >/dev/null 2>&1 || true
+        apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+            || echo "[setup] chromium did not install: the browser test skips"
+    fi
+}
+
 LOCK="$ROOT/requirements/cpu-lock.txt"
 case "$LANE" in
     default) run_pytest "$ROOT/.venv" dev "$LOCK" -m "not heavy" ;;
     heavy|all)
+        ensure_chromium
         status=0
         main_mark="not vllm"
         [ "$LANE" = heavy ] && main_mark="heavy and not vllm"

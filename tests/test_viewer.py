@@ -69,6 +69,7 @@ def _get(url: str) -> dict:
         return json.loads(response.read())
 
 
+@pytest.mark.heavy
 def test_the_api_serves_the_runs_dumps_metrics_and_firings(viewer, run_dir):
     run = _get(f"{viewer}/api/run")
     assert [(d["name"], d["kind"]) for d in run["dumps"]] == [("step_1", "train"), ("step_2", "train"),
@@ -89,6 +90,7 @@ def test_the_api_serves_the_runs_dumps_metrics_and_firings(viewer, run_dir):
     assert _get(f"{viewer}/api/run")["dumps"], "the server keeps serving after a 404"
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no chromium and chromedriver on PATH (Debian: apt-get "
                     "install chromium chromium-driver; scripts/test.sh does it where it runs as root)")
 def test_the_page_in_a_real_browser_lists_filters_and_shows_trained_and_masked_tokens(viewer, run_dir, tmp_path):
