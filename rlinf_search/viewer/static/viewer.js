@@ -125,8 +125,9 @@ function showTrajectory(index) {
       <span>queries</span><span>${row.queries.map(esc).join(" | ") || "none"}</span>
       <span>prompt</span><span>${esc(row.uid)}, sample ${row.sample ?? "-"}, ${esc(row.dump)}</span>
     </div>
-    <p class="legend">Tokens: <span class="tok trained">trained, version 0</span><span class="tok trained v1">version 1</span>
-      <span class="tok trained v2">version 2</span><span class="tok trained v3">version 3</span>
+    <p class="legend">Tokens, trained, by the policy version that sampled them (four colours in turn):
+      <span class="tok trained">0, 4, ...</span><span class="tok trained v1">1, 5, ...</span>
+      <span class="tok trained v2">2, 6, ...</span><span class="tok trained v3">3, 7, ...</span>
       <span class="tok masked">masked observation</span> <mark class="gold">gold answer</mark></p>
     <div id="turns">${spans}</div>
     <button id="follow">Follow this prompt across steps</button>
