@@ -35,7 +35,7 @@ class MonitorsConfig:
     """``repetition``: ``rollout/repetition_share`` (repeated word 3-grams in what the policy wrote) above this."""
     format_violation_max: float = declared(0.5, Float(gt=0, le=1))
     """``format``: ``rollout/format_violation_rate`` (no answer, or a tag left open) above this."""
-    retrieval_hit_floor: float = declared(0.5, Float(gt=0, lt=1))
+    retrieval_hit_floor: float = declared(0.3, Float(gt=0, lt=1))
     """``retrieval``: ``rollout/retrieval_hit_rate`` (search results holding a gold answer) below this share of its
     baseline."""
     kl_max: float = declared(1.0, Float(gt=0))
