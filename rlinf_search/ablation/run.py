@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlinf_search.ablation.cell import SweepSettings, base_overrides
+from rlinf_search.ablation.cell import SweepSettings, base_overrides, cell_dir
 from rlinf_search.ablation.report import write_report
 from rlinf_search.ablation.study import Study
 from rlinf_search.ablation.sweep import failed_cells, sweep_command
@@ -66,6 +66,9 @@ def ablate(study: Study, arms: list[str], seeds: list[int], settings: SweepSetti
     cells = len(arms) * len(seeds)
     print(f"study {study.name}: {len(arms)} arms x {len(seeds)} seeds = {cells} cells of {settings.steps} GRPO "
           f"steps and {settings.eval_n} held-out questions each, into {settings.out}", flush=True)
+    for arm in arms:  # a cell that failed in an earlier call is tried again: its old failure is no longer news
+        for seed in seeds:
+            (cell_dir(settings, arm, seed) / "failed.txt").unlink(missing_ok=True)
     code = subprocess.run(sweep_command(str(study.source), arms, seeds, settings)).returncode
     _, text = write_report(study, settings, arms, seeds)
     print(f"\n{text}\n\nwrote {settings.out / 'results.json'}, {settings.out / 'table.md'}, "

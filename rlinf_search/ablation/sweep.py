@@ -117,10 +117,13 @@ class CellProgress(Callback):
 
     @staticmethod
     def _left(job) -> int:
-        """Cells of the sweep with no finished result yet."""
+        """Cells of the sweep with no result yet and no failure recorded in this sweep (those are not run again
+        until the next call)."""
         study, settings = load_study(job.study), settings_of(job)
-        return sum(finished_cell(cell_dir(settings, arm, int(seed)), cell_key(study, arm, int(seed), settings)) is None
-                   for arm in _split(job.arms) for seed in _split(job.seeds))
+        folders = [(arm, int(seed), cell_dir(settings, arm, int(seed))) for arm in _split(job.arms)
+                   for seed in _split(job.seeds)]
+        return sum(finished_cell(folder, cell_key(study, arm, seed, settings)) is None
+                   and not (folder / "failed.txt").is_file() for arm, seed, folder in folders)
 
 
 def _split(text: str) -> list[str]:
