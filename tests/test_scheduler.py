@@ -209,6 +209,19 @@ def test_a_killed_rank_fails_the_call_in_flight_and_the_next_one(cluster):
         group.shutdown()
 
 
+def _call_once_restarted(method, *, timeout_s: float):
+    """``method.remote()``'s value once its actor answers: while Ray is starting the actor again, a call fails
+    at once with ``ActorUnavailableError`` (Ray's word for "retry later"), as callers of a restarting rank see."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(method.remote(), timeout=max(1.0, deadline - time.monotonic()))
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def test_a_rank_ray_restarts_answers_again_behind_the_same_handle(cluster):
     """``restarts_by_ray``: a rank whose process dies (SIGKILL, as the OOM killer would) fails the call in flight,
     then answers from a new process behind the handle callers already hold, its launch arguments and environment
@@ -223,7 +236,7 @@ def test_a_rank_ray_restarts_answers_again_behind_the_same_handle(cluster):
         with pytest.raises(WorkerError) as caught:
             in_flight.wait(timeout=30)
         assert caught.value.process_lost
-        second = ray.get(handle.info.remote(), timeout=60)  # the handle held before the death
+        second = _call_once_restarted(handle.info, timeout_s=60)  # the handle held before the death
         assert second["pid"] != first["pid"]
         assert (second["tag"], second["env"]["RANK"], second["env"]["RLINF_GROUP_NAME"]) == ("tool", "0", "restartable")
         os.kill(second["pid"], signal.SIGKILL)
