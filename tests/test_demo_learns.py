@@ -2,11 +2,12 @@
 
 Heavy lane (``bash scripts/test.sh --heavy``): it builds the model, data and index, warm-starts (every stage until
 its probes pass), trains with GRPO through the worker groups on a local Ray cluster and evaluates before and after,
-scoring fewer held-out questions (200 instead of 300). Two cases: seed 2 with ``ATEN_CPU_CAPABILITY=avx2`` (the
+scoring fewer held-out questions (200 instead of 300). One case: seed 2 with ``ATEN_CPU_CAPABILITY=avx2`` (the
 kernels of a CPU without AVX-512, which sum in another order), the case whose warm start once stopped at the skill
-stage's cap with the last kinds of fact not yet copied (docs/history/results.md, "Every seed and kernel set"), and seed 1 with the
-kernels PyTorch picks on this CPU (AVX-512 or AVX2: either way another summation order or another seed than the
-first case). It runs in ``.venv`` on ``requirements/cpu-lock.txt``: the releases ``bash scripts/demo.sh`` installs
+stage's cap with the last kinds of fact not yet copied (docs/history/results.md, "Every seed and kernel set"). A
+second case (seed 1, the kernels PyTorch picks) doubled the heavy lane's longest test (445 s a case on an AMD EPYC,
+2026-12-03) and pushed CI past an hour; the AVX-512 kernels are run by the demo runs docs/results.md records
+(seeds 0, 1 and 2). Any seed and kernel set: ``DEMO_SEED=1 bash scripts/demo.sh``. It runs in ``.venv`` on ``requirements/cpu-lock.txt``: the releases ``bash scripts/demo.sh`` installs
 on a fresh machine.
 """
 
@@ -32,7 +33,7 @@ def _locked(name: str) -> str:
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("seed,kernels", [(2, "avx2"), (1, None)], ids=["seed2-avx2", "seed1-native"])
+@pytest.mark.parametrize("seed,kernels", [(2, "avx2")], ids=["seed2-avx2"])
 def test_short_demo_run_learns_to_search(tmp_path, seed, kernels):
     env = {**os.environ, "DEMO_OUT": str(tmp_path / "demo"), "DEMO_EVAL_N": "200", "DEMO_SEED": str(seed)}
     env.pop("ATEN_CPU_CAPABILITY", None)
