@@ -7,8 +7,8 @@ kernels of a CPU without AVX-512, which sum in another order), the case whose wa
 stage's cap with the last kinds of fact not yet copied (docs/history/results.md, "Every seed and kernel set"). A
 second case (seed 1, the kernels PyTorch picks) doubled the heavy lane's longest test (445 s a case on an AMD EPYC,
 2026-12-03) and pushed CI past an hour; the AVX-512 kernels are run by the demo runs docs/results.md records
-(seeds 0, 1 and 2). Any seed and kernel set: ``DEMO_SEED=1 bash scripts/demo.sh``. It runs in ``.venv`` on ``requirements/cpu-lock.txt``: the releases ``bash scripts/demo.sh`` installs
-on a fresh machine.
+(seeds 0, 1 and 2). Any seed and kernel set: ``DEMO_SEED=1 bash scripts/demo.sh``. It runs in ``.venv`` on
+``requirements/cpu-lock.txt``: the releases ``bash scripts/demo.sh`` installs on a fresh machine.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ def _locked(name: str) -> str:
     raise AssertionError(f"{name} is not in requirements/cpu-lock.txt")
 
 
+SEED, KERNELS = 2, "avx2"
+
+
 @pytest.mark.heavy
-@pytest.mark.parametrize("seed,kernels", [(2, "avx2")], ids=["seed2-avx2"])
-def test_short_demo_run_learns_to_search(tmp_path, seed, kernels):
-    env = {**os.environ, "DEMO_OUT": str(tmp_path / "demo"), "DEMO_EVAL_N": "200", "DEMO_SEED": str(seed)}
-    env.pop("ATEN_CPU_CAPABILITY", None)
-    if kernels:
-        env["ATEN_CPU_CAPABILITY"] = kernels
+def test_short_demo_run_learns_to_search(tmp_path):
+    env = {**os.environ, "DEMO_OUT": str(tmp_path / "demo"), "DEMO_EVAL_N": "200", "DEMO_SEED": str(SEED),
+           "ATEN_CPU_CAPABILITY": KERNELS}
     result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -58,8 +58,7 @@ def test_short_demo_run_learns_to_search(tmp_path, seed, kernels):
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first, (first, last)
     machine = json.loads((tmp_path / "demo" / "machine.json").read_text())
-    if kernels:
-        assert machine["torch_cpu_capability"] == kernels.upper(), machine
+    assert machine["torch_cpu_capability"] == KERNELS.upper(), machine
     assert machine["releases"]["transformers"] == _locked("transformers"), "the demo ran on the locked release"
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 0
     assert (tmp_path / "demo" / "eval_comparison.png").stat().st_size > 0
