@@ -118,7 +118,7 @@ def _train(config: str, overrides: list[str], run_dir: Path, log_path: Path, ste
     """``rlinf-search train`` in a process of its own, its output to ``log_path``; progress from its metrics."""
     command = [sys.executable, "-m", "rlinf_search.cli", "train", config, *overrides]
     metrics = run_dir / "logs" / "metrics.jsonl"
-    with log_path.open("a") as log, progress(total=steps, desc=f"  {label}: GRPO", unit="step") as bar:
+    with log_path.open("a") as log, progress(total=steps, desc=f"  {label}: RL steps", unit="step") as bar:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         while process.poll() is None:
             time.sleep(2.0)

@@ -107,7 +107,8 @@ class CellProgress(Callback):
             self.durations.append(elapsed)
             outcome = f"held-out EM {result['heldout_em']:.3f} in {elapsed / 60:.1f} min"
         left = self._left(job)
-        eta = (f", about {left * sum(self.durations) / len(self.durations) / 60:.0f} min left ({left} cells)"
+        cells = f"{left} cell{'s' if left > 1 else ''}"
+        eta = (f", about {left * sum(self.durations) / len(self.durations) / 60:.0f} min left ({cells})"
                if self.durations and left else "")
         print(f"[{self.index}/{self._total(job)}] {job.arm} seed {job.seed}: {outcome}{eta}", flush=True)
 
