@@ -74,6 +74,18 @@ def test_check_refuses_a_misspelt_key_in_one_line_with_the_name_it_meant():
     assert done.stderr.rstrip().endswith("did you mean kl_beta?")
 
 
+def test_a_key_the_recipe_lacks_takes_the_last_of_two_overrides():
+    """The ablation sweep sets ``tools.search.retriever`` for every cell and an arm sets it again: a key tiny-cpu
+    does not name must take repeated overrides as a key it names does (the later wins), not refuse the second."""
+    from rlinf_search.cli.configs import compose
+
+    cfg = compose("tiny-cpu", ["tools.search.retriever=bm25", "runner.max_steps=3", "tools.search.retriever=minilm",
+                               "runner.max_steps=5"])
+    assert cfg.tools.search.retriever == "minilm" and cfg.runner.max_steps == 5
+    done = cli("check", "tiny-cpu", "--no-files", "tools.search.retriever=bm25", "tools.search.retriever=hybrid")
+    assert done.returncode == 0, done.stderr
+
+
 def test_check_lists_every_misspelt_key_not_only_the_first():
     done = cli("check", "tiny-cpu", "--no-files", "+runner.max_step=3", "+algorithm.group_sise=4")
     assert done.returncode == 1

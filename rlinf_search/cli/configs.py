@@ -62,8 +62,9 @@ def compose(config: str, overrides: list[str] | tuple[str, ...] = ()) -> DictCon
 
 def _added(overrides: list[str], message: str) -> list[str] | None:
     """Hydra refuses ``key=value`` for a key the recipe lacks ("Could not override 'key'"), which says nothing of a
-    misspelling; the override retried as ``+key=value`` lets validation name the key and the nearest real one. None:
-    not that error."""
+    misspelling; the override retried as ``++key=value`` (add or override) lets validation name the key and the
+    nearest real one. Every override of that key is retried so: a later one overrides an earlier one, as for a key
+    the recipe has (``+`` would refuse the second). None: not that error."""
     prefix = "Could not override '"
     if not message.startswith(prefix):
         return None
@@ -71,4 +72,4 @@ def _added(overrides: list[str], message: str) -> list[str] | None:
     matches = [i for i, item in enumerate(overrides) if item.startswith(f"{key}=")]
     if not matches:
         return None
-    return [f"+{item}" if i in matches else item for i, item in enumerate(overrides)]
+    return [f"++{item}" if i in matches else item for i, item in enumerate(overrides)]
