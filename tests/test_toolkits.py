@@ -146,3 +146,29 @@ def test_an_actor_update_that_cannot_fit_its_gpu_is_refused_in_one_line(tmp_path
         assert f"this GPU has {gib:.1f} GiB" in problem and "runner.max_tokens_per_mbs" in problem
     # Nothing to plan for without a micro-batch budget.
     assert plan_exceeds_device(replace(config, max_tokens_per_mbs=None), ranks=ranks, device_bytes=1) is None
+
+
+def test_retriever_agreement_compares_top_passages_on_the_policys_own_queries(tmp_path, capsys):
+    """Two real BM25 indexes of one synthetic corpus (built by the index command) agree with themselves: every
+    query's top passage is the same, and a name's own page comes first for a query that is a name in the corpus."""
+    from rlinf_search.retrieval.build_index import main as build_index_main
+    from toolkits.retriever_agreement import main as agreement
+
+    paths = write_task(tmp_path / "data", SynthSpec(people=20, seed=5))
+    assert build_index_main(["--corpus", str(paths["corpus"]), "--out", str(tmp_path / "index"),
+                             "--retriever", "bm25"]) == 0
+    assert paths["corpus"] == tmp_path / "data" / "corpus.jsonl"  # where a demo folder keeps it
+    capsys.readouterr()
+    corpus = CorpusStore(paths["corpus"])
+    name = corpus[0].title
+    rollouts = tmp_path / "run" / "rollouts"
+    rollouts.mkdir(parents=True)
+    turns = [{"kind": "model", "text": f"<search> {name} </search>"}, {"kind": "information", "text": "..."},
+             {"kind": "model", "text": "<search> zzqx unknown </search><answer> x </answer>"}]
+    (rollouts / "step_1.jsonl").write_text(json.dumps({"response": turns}) + "\n")
+    assert agreement(["--base", str(tmp_path), "--rollouts", str(rollouts), "--retrievers", "bm25,bm25"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 searches (2 distinct)")
+    assert "| bm25 | 0.500 | 0.500 |" in out  # the unknown words find nothing; the name finds its page
+    assert "| bm25 / bm25 | 1.000 |" in out
+    assert agreement(["--base", str(tmp_path), "--rollouts", str(tmp_path / "none")]) == 1
