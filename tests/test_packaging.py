@@ -65,10 +65,11 @@ def _resolved(extra: str, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.heavy
-def test_pip_resolves_one_faiss_build_per_extra(tmp_path):
-    cpu, gpu = _resolved("cpu", tmp_path), _resolved("faiss-gpu", tmp_path)
+def test_pip_resolves_one_faiss_build_for_the_cpu_extra(tmp_path):
+    """`.[cpu]` takes the CPU faiss alone; `.[gpu]`, which takes `.[faiss-gpu]`, is resolved by the GPU stack's test
+    below and checked there for the GPU faiss alone (one resolve each: they take about 45 s apiece)."""
+    cpu = _resolved("cpu", tmp_path)
     assert "faiss-cpu" in cpu and not any(name.startswith("faiss-gpu") for name in cpu)
-    assert "faiss-gpu-cu12" in gpu and "faiss-cpu" not in gpu
 
 
 def test_the_gpu_stack_is_pinned_to_what_was_tried():
