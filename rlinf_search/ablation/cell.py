@@ -1,4 +1,5 @@
-"""One cell of a sweep: an arm's GRPO run from the base's warm start on one seed, then its held-out evaluation.
+"""One cell of a sweep: an arm's RL run from the base's warm start on one seed (the recipe's GRPO unless the arm sets
+another advantage estimator), then its held-out evaluation.
 
 Both are the commands a user runs (``rlinf-search train`` and ``python -m rlinf_search.runners.eval_runner``), each
 in its own process, so a cell is exactly a run of the recipe with the arm's overrides. The evaluation reads its
@@ -36,7 +37,7 @@ class SweepSettings:
     config: str
     """The recipe every arm overrides (a name of examples/searchr1/config or a YAML path)."""
     steps: int
-    """GRPO steps a cell trains."""
+    """RL steps a cell trains."""
     eval_n: int
     """Held-out test questions a cell is scored on (greedy)."""
     out: Path

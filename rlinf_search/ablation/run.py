@@ -64,7 +64,7 @@ def ablate(study: Study, arms: list[str], seeds: list[int], settings: SweepSetti
             print(line, file=sys.stderr)
         return 2
     cells = len(arms) * len(seeds)
-    print(f"study {study.name}: {len(arms)} arms x {len(seeds)} seeds = {cells} cells of {settings.steps} GRPO "
+    print(f"study {study.name}: {len(arms)} arms x {len(seeds)} seeds = {cells} cells of {settings.steps} RL "
           f"steps and {settings.eval_n} held-out questions each, into {settings.out}", flush=True)
     for arm in arms:  # a cell that failed in an earlier call is tried again: its old failure is no longer news
         for seed in seeds:

@@ -35,13 +35,13 @@ class CellJob:
     arm: str = "???"
     """The arm this job runs."""
     seed: int = 0
-    """``data.seed`` of its GRPO run."""
+    """``data.seed`` of its RL run."""
     base: str = "outputs/demo"
     """The finished demo folder the cells start from."""
     config: str = "tiny-cpu"
     """The recipe every arm overrides."""
     steps: int = 30
-    """GRPO steps a cell trains."""
+    """RL steps a cell trains."""
     eval_n: int = 300
     """Held-out questions a cell is scored on."""
     out: str = "???"
