@@ -32,16 +32,14 @@ def test_every_shipped_study_loads_and_names_its_arms():
 
 @pytest.mark.parametrize("name", study_names())
 def test_every_shipped_arm_composes_over_the_cells_own_overrides(name, tmp_path):
-    """Each arm's overrides after the ones every cell gets (``base_overrides``), as ``rlinf-search check`` sees them
-    without opening files: an arm that sets a key the cell already sets (the retriever) must compose."""
-    from rlinf_search.ablation.cell import SweepSettings, base_overrides
-    from rlinf_search.cli.check import check
+    """Each arm's overrides after the ones every cell gets, checked as ``rlinf-search ablate`` checks them before
+    any cell (without opening files): an arm that sets a key the cell already sets (the retriever) must compose."""
+    from rlinf_search.ablation.cell import SweepSettings
+    from rlinf_search.ablation.run import check_arms
 
     study = load_study(name)
     settings = SweepSettings(base=tmp_path / "demo", config="tiny-cpu", steps=2, eval_n=6, out=tmp_path / "out")
-    for arm in study.arms:
-        overrides = [*base_overrides(settings, 0, tmp_path / "run"), *study.arm_overrides(arm, settings.base)]
-        assert check("tiny-cpu", overrides, files=False, kind="train").problems == [], (name, arm)
+    assert check_arms(study, list(study.arms), settings, files=False) == [], name
 
 
 @pytest.mark.parametrize("raw, message", [

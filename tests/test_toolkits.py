@@ -163,12 +163,11 @@ def test_retriever_agreement_compares_top_passages_on_the_policys_own_queries(tm
     name = corpus[0].title
     rollouts = tmp_path / "run" / "rollouts"
     rollouts.mkdir(parents=True)
-    turns = [{"kind": "model", "text": f"<search> {name} </search>"}, {"kind": "information", "text": "..."},
-             {"kind": "model", "text": "<search> zzqx unknown </search><answer> x </answer>"}]
-    (rollouts / "step_1.jsonl").write_text(json.dumps({"response": turns}) + "\n")
-    assert agreement(["--base", str(tmp_path), "--rollouts", str(rollouts), "--retrievers", "bm25,bm25"]) == 0
+    (rollouts / "step_1.jsonl").write_text(json.dumps({"queries": [name, "zzqx unknown"]}) + "\n")
+    (rollouts / "val_step_1.jsonl").write_text(json.dumps({"queries": [name]}) + "\n")  # not the policy's training
+    assert agreement(["--base", str(tmp_path), "--runs", str(tmp_path / "r*"), "--retrievers", "bm25,bm25"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("2 searches (2 distinct)")
     assert "| bm25 | 0.500 | 0.500 |" in out  # the unknown words find nothing; the name finds its page
     assert "| bm25 / bm25 | 1.000 |" in out
-    assert agreement(["--base", str(tmp_path), "--rollouts", str(tmp_path / "none")]) == 1
+    assert agreement(["--base", str(tmp_path), "--runs", str(tmp_path / "none")]) == 1

@@ -42,15 +42,17 @@ def build_indexes(study: Study, base: Path) -> None:
                        check=True)
 
 
-def check_arms(study: Study, arms: list[str], settings: SweepSettings) -> list[str]:
-    """One line per problem of any arm's config, as ``rlinf-search check`` finds them."""
+def check_arms(study: Study, arms: list[str], settings: SweepSettings, *, files: bool = True) -> list[str]:
+    """One line per problem of any arm's config, as ``rlinf-search check`` finds them (``files``: open the files
+    the config names too)."""
     from rlinf_search.cli.check import check
 
     problems = []
     for arm in arms:
         overrides = [*base_overrides(settings, 0, settings.out / "cells" / arm / "check"),
                      *study.arm_overrides(arm, settings.base)]
-        problems += [f"arm {arm}: {line}" for line in check(settings.config, overrides, kind="train").problems]
+        problems += [f"arm {arm}: {line}"
+                     for line in check(settings.config, overrides, files=files, kind="train").problems]
     return problems
 
 
