@@ -172,6 +172,7 @@ class SearchR1Runner:
     def save(self) -> Path:
         # The position after the batch just trained on, not after those admitted ahead for later steps.
         self.state.epoch, self.state.batch_in_epoch = self.stages.source.trained_position
+        self.stages.source.before_checkpoint()
         return save_run(self.ckpt_dir, self.state, self.groups, self.stages.source.pending)
 
     def fit(self) -> None:

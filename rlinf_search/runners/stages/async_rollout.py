@@ -207,6 +207,17 @@ class AsyncRollout(CollocatedRollout):
                     raise
                 self._recover(error)
 
+    def before_checkpoint(self) -> None:
+        """Wait for the weights sent in the background to be loaded: a rank lost while loading them (its requests
+        all done, so no rollout call sees the loss) is started again here, not found dead by the checkpoint's read
+        of its RNG state, which no restart covers."""
+        try:
+            self.weights.settle()
+        except WorkerError as error:
+            if not self._recoverable(error):
+                raise
+            self._recover(error)
+
     @property
     def pending(self) -> Callable[[], list[list[Trajectory]]] | None:
         """Waits for every admitted batch not yet trained and returns their trajectories (a batch each, in step

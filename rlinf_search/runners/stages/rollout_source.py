@@ -115,6 +115,10 @@ class CollocatedRollout:
         """GRPO groups whose rollout was in flight for steps after this one when a rollout rank was lost: none."""
         return 0
 
+    def before_checkpoint(self) -> None:
+        """Make every rollout rank reachable for a checkpoint's reads (their RNG states): nothing is left in flight
+        here."""
+
     def close(self) -> None:
         pass
 
