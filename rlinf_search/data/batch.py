@@ -138,6 +138,45 @@ def split_by_token_budget(batch: RolloutBatch, max_tokens: int | None) -> list[l
     return pack_rows_by_budget(list(range(len(batch))), batch.token_counts().tolist(), max_tokens)
 
 
+# The padded layout's cost model, in units of one token's forward at short widths, fitted on the demo's tiny Qwen2
+# with one CPU thread (forward, and forward + backward, of 1-64 rows at widths 70 and 200; docs/benchmarks.md, "The
+# embedded default beside TRL"): a pass costs about rows x width x (1 + width / 160) plus 170 for the pass itself.
+PADDED_WIDTH_SCALE = 160
+PADDED_PASS_COST = 170
+
+
+def padded_pass_cost(rows: int, width: int) -> float:
+    """What a pass over ``rows`` rows padded to ``width`` tokens costs in the model above."""
+    return rows * width * (1 + width / PADDED_WIDTH_SCALE) + PADDED_PASS_COST
+
+
+def cut_padded_rows(rows: list[int], tokens: list[int], max_tokens: int | None) -> list[list[int]]:
+    """``rows`` in passes of similar length for the padded layout, where every row of a pass costs as much as
+    its longest: rows sorted longest first and cut into runs that minimise the summed ``padded_pass_cost``
+    (a short row among long ones costs a long one's work, and each pass its fixed cost), each run's padded
+    tokens within ``max_tokens`` (a row longer than that goes alone). On a batch where a third of the
+    trajectories search and the rest answer at once, this halves the padded tokens for one pass more. Used for
+    forward-only passes (old, reference and value scores); a training pass also pays its collectives."""
+    if not rows:
+        return []
+    order = sorted(rows, key=lambda r: (-tokens[r], r))
+    lengths = [tokens[r] for r in order]
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: the cheapest cut of the first j rows
+    cut_at = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j - 1, -1, -1):  # the run order[i:j], padded to its first (longest) row
+            if max_tokens is not None and j - i > 1 and (j - i) * lengths[i] > max_tokens:
+                break
+            cost = best[i] + padded_pass_cost(j - i, lengths[i])
+            if cost < best[j]:
+                best[j], cut_at[j] = cost, i
+    groups, j = [], len(order)
+    while j:
+        groups.append(sorted(order[cut_at[j]:j]))
+        j = cut_at[j]
+    return groups[::-1]
+
+
 def pack_rows_by_budget(rows: list[int], tokens: list[int], max_tokens: int | None) -> list[list[int]]:
     """``rows`` in groups whose ``tokens`` fit ``max_tokens`` each (a row longer than the budget goes alone).
 

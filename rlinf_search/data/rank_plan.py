@@ -6,7 +6,8 @@ collective meets another's and the run hangs (NCCL) or aborts (gloo). So every r
 and computes the same plan for all ranks, with no collective needed to agree on it:
 
 1. a mini-batch's rows are dealt to ranks balanced by tokens (longest first, to the least-loaded rank);
-2. each rank cuts its share into micro-batches by the token budget;
+2. each rank cuts its share into micro-batches by the token budget (packed rows), or into runs of similar
+   length (padded rows, where each row costs as much as the pass's longest: ``cut_padded_rows``);
 3. every rank runs as many micro-batches as the busiest rank; a rank with fewer pads with empty ones
    (``None``): a pass over a tiny row whose loss weight is zero, so the collectives still line up.
 
@@ -21,7 +22,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlinf_search.data.batch import RolloutBatch, pack_rows_by_budget
+from rlinf_search.data.batch import RolloutBatch, cut_padded_rows, pack_rows_by_budget
 
 
 def split_into(rows: list[int], parts: int) -> list[list[int]]:
@@ -66,12 +67,13 @@ class RankWork:
 
 
 def plan_passes(batch: RolloutBatch, rows: list[int], *, rank: int, world_size: int,
-                max_tokens: int | None = None, rows_per_pass: int | None = None) -> RankWork:
+                max_tokens: int | None = None, rows_per_pass: int | None = None, padded: bool = False) -> RankWork:
     """This rank's passes over ``rows`` of ``batch``: its token-balanced share cut by ``max_tokens``
-    (or into ``rows_per_pass`` rows each), padded to the busiest rank's number of passes."""
+    (or into ``rows_per_pass`` rows each), padded to the busiest rank's number of passes. ``padded``: the
+    passes run the padded layout, so rows of similar length go together."""
     tokens = batch.token_counts().tolist()
     shares = balance_by_tokens(rows, tokens, world_size)
-    per_rank = [_cut(share, tokens, max_tokens, rows_per_pass) for share in shares]
+    per_rank = [_cut(share, tokens, max_tokens, rows_per_pass, padded) for share in shares]
     longest = max(len(groups) for groups in per_rank)
     mine: list[list[int] | None] = list(per_rank[rank])
     mine += [None] * (longest - len(mine))
@@ -79,12 +81,15 @@ def plan_passes(batch: RolloutBatch, rows: list[int], *, rank: int, world_size: 
     return RankWork(passes=mine, tokens=model_tokens, sequences=len(rows))
 
 
-def _cut(share: list[int], tokens: list[int], max_tokens: int | None, rows_per_pass: int | None) -> list[list[int]]:
+def _cut(share: list[int], tokens: list[int], max_tokens: int | None, rows_per_pass: int | None,
+         padded: bool) -> list[list[int]]:
     if not share:
         return []
     if rows_per_pass is not None:
         order = sorted(share, key=lambda r: (-tokens[r], r))
         return [sorted(order[i: i + rows_per_pass]) for i in range(0, len(order), rows_per_pass)]
+    if padded:
+        return cut_padded_rows(share, tokens, max_tokens)
     return pack_rows_by_budget(share, tokens, max_tokens)
 
 

@@ -40,7 +40,7 @@ def score_rows(scorer: torch.nn.Module, batch: RolloutBatch, *, rank: int, world
     ``rows_per_pass`` (``algorithm.logprob_forward_micro_batch_size``) fixes the rows of a pass; else
     passes are packed to ``max_tokens``."""
     work = plan_passes(batch, list(range(len(batch))), rank=rank, world_size=world_size, max_tokens=max_tokens,
-                       rows_per_pass=rows_per_pass)
+                       rows_per_pass=rows_per_pass, padded=not packed)
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
     was_training = scorer.training
     scorer.eval()

@@ -188,6 +188,8 @@ class PolicyTrainer:
         if not self.config.pack_traj:  # each model turn its own row; the loss still averages over trajectories
             batch = split_turns(batch.select(rows), self.config.loss.loss_agg_func).batch
             rows = list(range(len(batch)))
+        # One pass per budget even with padded rows: a training pass pays the data-parallel collectives, and cut by
+        # length the demo's update ran 1.08-1.23x slower (docs/benchmarks.md, "The embedded default beside TRL").
         work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,
                            max_tokens=self.config.max_tokens_per_mbs)
         work = dataclasses.replace(work, sequences=trajectories)

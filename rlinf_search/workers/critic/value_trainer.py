@@ -90,7 +90,7 @@ class ValueTrainer:
     def compute_values(self, batch: RolloutBatch) -> tuple[list[int], torch.Tensor]:
         """This rank's share of the rows and their ``[rows, T]`` values under the current weights."""
         work = plan_passes(batch, list(range(len(batch))), rank=self.rank, world_size=self.world_size,
-                           max_tokens=self.config.max_tokens_per_mbs)
+                           max_tokens=self.config.max_tokens_per_mbs, padded=not self.packed)
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         self.module.eval()
         for group in work.passes:

@@ -25,6 +25,7 @@ import torch
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.workers.offload import move_module
 from rlinf_search.workers.rollout.hf_cache import cache_kwargs
+from rlinf_search.workers.rollout.prefix_cache import PrefixCache, prefill_inputs, row_states
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.running_batch import RunningBatch
 from rlinf_search.workers.rollout.sampling import sample_next_tokens
@@ -48,6 +49,9 @@ class HFEngineConfig:
     admit_every_steps: int = 8
     """Waiting requests join the running batch at least this often (in decode steps), sooner when
     they are a quarter of the batch."""
+    prefix_cache_tokens: int = 1 << 16
+    """Most tokens whose key/value states are kept between a trajectory's turns (``prefix_cache.py``); 0: none,
+    every turn prefills its whole context."""
 
 
 @dataclass
@@ -62,6 +66,10 @@ class EngineStats:
     """Decode passes over the running batch."""
     generated_tokens: int = 0
     """Tokens sampled in total; generated_tokens / decode_steps is the mean running batch."""
+    prefilled_tokens: int = 0
+    """Prompt tokens computed by prefills (a prompt sent by several requests at once counts once)."""
+    reused_tokens: int = 0
+    """Prompt tokens whose states came from the prefix cache instead."""
 
 
 @dataclass
@@ -125,6 +133,7 @@ class HFGenerationEngine:
         self._epochs = itertools.count()
         self._abort_below = 0  # requests of an earlier epoch end at the next token boundary
         self.stats = EngineStats()
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
 
     def _end_token_ids(self) -> frozenset[int]:
         ids = set()
@@ -179,11 +188,13 @@ class HFGenerationEngine:
     def update_weights(self, weights: Weights) -> None:
         """Load a state dict, or buckets of one as they arrive (each copied into the model, then let go)."""
         with self._weights_lock:
+            self.prefix_cache.clear()  # states computed by the old weights
             load_weight_buckets(self.model, weights)
             self.weight_version += 1
 
     def offload(self) -> None:
         with self._weights_lock:
+            self.prefix_cache.clear()  # the memory is what offloading is for
             move_module(self.model, "cpu")  # on a CPU engine: no copies
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -278,23 +289,31 @@ class HFGenerationEngine:
         return batch
 
     def _prefill(self, new: list[_Request]) -> RunningBatch | None:
+        """One pass over the new requests' prompts: each after the cached prefix it starts with (if any), each
+        distinct prompt once; then every request gets its rows of the cache and its first token."""
         from transformers import DynamicCache
 
         self.stats.prefills += 1
         self.stats.requests += len(new)
-        width = max(len(r.prompt_ids) for r in new)
-        ids = torch.full((len(new), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(new), width), dtype=torch.long)
-        for row, request in enumerate(new):
-            ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
-            mask[row, width - len(request.prompt_ids):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        prefixes = [self.prefix_cache.take(r.prompt_ids) for r in new]
+        inputs = prefill_inputs([r.prompt_ids for r in new], prefixes, self.pad_id)
+        self.stats.prefilled_tokens += int(inputs.attention_mask[:, -inputs.input_ids.shape[1]:].sum())
+        self.stats.reused_tokens += sum(len(p.ids) for p in prefixes if p is not None)
         cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1)
-        joined = RunningBatch(new, cache, mask, positions[:, -1] + 1, torch.zeros(len(new), dtype=torch.long))
-        return self._sample_and_settle(joined, out.logits[:, -1, :].float())
+        for layer, (keys, values) in enumerate(inputs.prefix or []):
+            cache.update(keys.to(self.device), values.to(self.device), layer)
+        mask = inputs.attention_mask.to(self.device)
+        out = self.model(input_ids=inputs.input_ids.to(self.device), attention_mask=mask,
+                         position_ids=inputs.position_ids.to(self.device), **cache_kwargs(self.model, cache),
+                         use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()
+        if len(inputs.rows) > logits.shape[0]:  # equal prompts were computed once: give each request its copy
+            rows = inputs.rows.to(self.device)
+            cache.batch_select_indices(rows)
+            mask, logits = mask[rows], logits[rows]
+        positions = torch.tensor([len(r.prompt_ids) for r in new], dtype=torch.long, device=self.device)
+        joined = RunningBatch(new, cache, mask, positions, torch.zeros(len(new), dtype=torch.long))
+        return self._sample_and_settle(joined, logits)
 
     def _decode_step(self, batch: RunningBatch) -> RunningBatch | None:
         self.stats.decode_steps += 1
@@ -318,6 +337,8 @@ class HFGenerationEngine:
             if finish is None:
                 keep.append(row)
             else:
+                if finish[0] == "stop":  # a tool call follows: the next turn will start with this context
+                    self._keep_prefix(batch, row, request)
                 request.resolve(*finish)
         batch.pending = tokens
         if not keep:
@@ -325,6 +346,15 @@ class HFGenerationEngine:
         if len(keep) < len(batch):
             batch.select(keep)
         return batch
+
+    def _keep_prefix(self, batch: RunningBatch, row: int, request: _Request) -> None:
+        """Keep the states the row has cached: its prompt and output but the token just sampled."""
+        if not self.prefix_cache.max_tokens:
+            return
+        ids = request.prompt_ids + request.output_ids[:-1]
+        if int(batch.mask[row].sum()) != len(ids):  # never reuse states that do not match their ids
+            return
+        self.prefix_cache.store(ids, *row_states(batch.cache, batch.mask, row))
 
     def _finish_reason(self, request: _Request) -> tuple[str, str | None] | None:
         sampling = request.sampling
