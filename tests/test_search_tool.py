@@ -133,6 +133,27 @@ def test_real_server_results_coalescing_and_cache(bm25_server):
     assert snapshot["calls"] == 41 and snapshot["failures"] == 0 and snapshot["latency_ms_p99"] > 0
 
 
+def test_a_client_per_call_searches_through_one_tls_context_built_once(bm25_server):
+    """A rollout rank builds a client per rollout call, each in its own event loop; the TLS context (its CA
+    bundle loaded) is built once per process and shared, and every client still searches."""
+    from rlinf_search.net.http import _tls_context
+
+    query = hotpot_queries(1)[0]
+
+    async def one_call():
+        client = build_search_tool(config(server_addr=bm25_server.address))
+        try:
+            return await client.search(query)
+        finally:
+            await client.aclose()
+
+    before = _tls_context.cache_info()
+    outcomes = [asyncio.run(one_call()) for _ in range(3)]
+    after = _tls_context.cache_info()
+    assert all(o.error is None and o.hits == outcomes[0].hits and o.hits for o in outcomes)
+    assert after.hits - before.hits >= 2 and after.currsize <= 2, "one context per trust_env setting"
+
+
 def test_a_query_the_server_refuses_fails_alone_in_a_coalesced_request(bm25_server):
     """A query over the server's 4,096 characters refuses the whole batched request (413): the client asks for each
     query alone, so the others get their passages and only the long one fails, as the model's (not infrastructure)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import ssl
 from typing import Any
 
 import httpx
@@ -49,7 +51,15 @@ def make_http_client(max_connections: int, *, trust_env: bool, proxy: str | None
     that the semaphore has already granted. ``trust_env``: follow the environment's proxy settings;
     ``proxy``: this proxy URL, whatever the environment says."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(limits=limits, trust_env=trust_env and proxy is None, proxy=proxy)
+    trust = trust_env and proxy is None
+    return httpx.AsyncClient(limits=limits, trust_env=trust, proxy=proxy, verify=_tls_context(trust))
+
+
+@functools.cache
+def _tls_context(trust_env: bool) -> ssl.SSLContext:
+    """The verifying TLS context httpx would build for a client, built once per process: building one loads the CA
+    bundle, about 20 ms on a 2-core CPU, and a rollout rank makes a search client for every rollout call."""
+    return httpx.create_ssl_context(trust_env=trust_env)
 
 
 def _refusal_detail(response: httpx.Response) -> str:
