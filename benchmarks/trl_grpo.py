@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlinf_search.retrieval.launch import RetrievalServerProcess  # noqa: E402
+
 TRL_VERSION = "1.16.0"
 PHASES = ("rollout", "score", "training", "weight_sync")
 OUR_PHASES = {"rollout": ("rollout",), "score": ("inference", "reward", "advantages"), "training": ("training",),
@@ -53,18 +57,6 @@ def ensure_trl_venv(venv: Path) -> Path:
     subprocess.run([*pip, f"trl=={TRL_VERSION}", "-e", str(ROOT), "-c", str(ROOT / "requirements" / "cpu-lock.txt")],
                    check=True)
     return python
-
-
-def start_server(demo: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    address = log.parent / "server.addr"
-    address.unlink(missing_ok=True)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rlinf_search.retrieval.server", "--index-dir", str(demo / "index"),
-         "--corpus", str(demo / "data" / "corpus.jsonl"), "--retriever", "bm25", "--host", "127.0.0.1",
-         "--port", "0", "--save-address-to", str(address)], stdout=log.open("w"), stderr=subprocess.STDOUT)
-    addr = subprocess.run([sys.executable, "-m", "rlinf_search.retrieval.launch", "--wait-for", str(address),
-                           "--timeout", "120"], check=True, capture_output=True, text=True).stdout.strip()
-    return server, addr
 
 
 def run_ours(demo: Path, addr: str, steps: int, seed: int, out: Path, code: Path | None = None) -> list[dict]:
@@ -161,9 +153,11 @@ def main() -> None:
         raise SystemExit(f"trl_grpo: {demo} holds no warm-started model (model/sft); run bash scripts/demo.sh first")
     out.mkdir(parents=True, exist_ok=True)
     python = ensure_trl_venv(Path(args.trl_venv))
-    server, addr = start_server(demo, out / "server.log")
     rounds = []
-    try:
+    server_args = ["--index-dir", str(demo / "index"), "--corpus", str(demo / "data" / "corpus.jsonl"),
+                   "--retriever", "bm25", "--host", "127.0.0.1"]
+    with RetrievalServerProcess(server_args, log_path=out / "server.log") as server:
+        addr = server.address
         for number in range(1, args.rounds + 1):
             sides = ["ours", "trl"] + (["before"] if args.before_code else [])
             order = tuple(sides[(number - 1) % len(sides):] + sides[:(number - 1) % len(sides)])
@@ -182,9 +176,6 @@ def main() -> None:
                 print(f"  {side}: {result[side]['step_s']:.2f} s a step "
                       f"({time.perf_counter() - started:.0f} s with start-up)", flush=True)
             rounds.append(result)
-    finally:
-        server.terminate()
-        server.wait()
     text = table(rounds)
     print(text)
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}

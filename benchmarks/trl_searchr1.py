@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from rlinf_search.agents.searchr1.protocol import INVALID_ACTION_OBSERVATION, STOPS, parse_action  # noqa: E402
-from rlinf_search.agents.searchr1.loop import graded_text  # noqa: E402
+from rlinf_search.agents.searchr1.loop import fit_observation, graded_text  # noqa: E402
 from rlinf_search.data.io_struct import ResponseSpan  # noqa: E402
 from rlinf_search.rewards.scores import em_reward  # noqa: E402
 from rlinf_search.tools.search.local import parse_retrieve_response  # noqa: E402
@@ -71,12 +71,10 @@ class SearchR1Rollout:
         return [self.layout.results_text(SearchOutcome(query=q, hits=h)) for q, h in zip(queries, hits)]
 
     def observation_ids(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) > self.max_obs_tokens:  # keep the closing tag, as the agent loop does
-            tail = self.tokenizer.encode(INFORMATION_TAIL, add_special_tokens=False) \
-                if text.endswith(INFORMATION_TAIL) else []
-            ids = (ids[: max(self.max_obs_tokens - len(tail), 0)] + tail)[: self.max_obs_tokens]
-        return ids
+        """The observation's ids held to the agent loop's limit, as the agent loop holds them."""
+        tail = self.tokenizer.encode(INFORMATION_TAIL, add_special_tokens=False) \
+            if text.endswith(INFORMATION_TAIL) else []
+        return fit_observation(self.tokenizer.encode(text, add_special_tokens=False), tail, self.max_obs_tokens)
 
     def generate(self, model, contexts: list[list[int]]) -> list[tuple[list[int], str]]:
         """One turn for every context: (new token ids, finish) with finish ``stop``, ``eos`` or ``length``."""

@@ -22,9 +22,17 @@ from rlinf_search.agents.searchr1.protocol import (
 from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.data.io_struct import ResponseSpan, Trajectory
 
-__all__ = ["SearchR1AgentLoop", "graded_text"]
+__all__ = ["SearchR1AgentLoop", "fit_observation", "graded_text"]
 
 _INFORMATION_TAIL = "</information>\n\n"
+
+
+def fit_observation(ids: list[int], tail: list[int], max_tokens: int) -> list[int]:
+    """An observation's ``ids`` cut to ``max_tokens``, ending with ``tail`` (an ``<information>`` block's closing
+    tag, or none) when cut, so the model still sees a well-formed block."""
+    if len(ids) <= max_tokens:
+        return ids
+    return (ids[: max(max_tokens - len(tail), 0)] + tail)[:max_tokens]
 
 
 def _finish_reason(action_kind: str, engine_finish: str, search_allowed: bool) -> str | None:
@@ -72,13 +80,9 @@ class SearchR1AgentLoop(AgentLoop):
 
     def _append_observation(self, traj: Trajectory, observation: str, *, kind: str) -> None:
         """Append an observation of at most ``max_obs_tokens``, an ``<information>`` block keeping its closing tag."""
-        ids = self._encode(observation)
-        if len(ids) > self.config.max_obs_tokens:
-            # Keep the closing tag, so the model still sees a well-formed block.
-            tail = self._information_tail_ids if observation.endswith(_INFORMATION_TAIL) else []
-            ids = ids[: max(self.config.max_obs_tokens - len(tail), 0)] + tail
-            ids = ids[: self.config.max_obs_tokens]
-        self.append_observation(traj, ids, kind=kind)
+        tail = self._information_tail_ids if observation.endswith(_INFORMATION_TAIL) else []
+        self.append_observation(traj, fit_observation(self._encode(observation), tail, self.config.max_obs_tokens),
+                                kind=kind)
 
     def graded_text(self, traj: Trajectory) -> str:
         return graded_text(traj.spans)
