@@ -369,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     span = lockstep_range(scaled)
     if span:
         print(f"lockstep range: {span[0]:.1f} - {span[1]:.1f} s")
+        for mode, r in best.items():
+            print(f"best {mode}'s floor (its own GPU work packed on {args.devices} devices): {r['ideal_step_s']:.1f} s, "
+                  f"{r['ideal_step_s'] / span[0]:.2f}x lockstep's low end")
     (work / "results.json").write_text(json.dumps({
         "args": vars(args), "lockstep_model": LOCKSTEP_MODEL, "lockstep_no_stop": LOCKSTEP_NO_STOP,
         "lockstep_fit": LOCKSTEP_FIT, "lockstep_range_s": span, "ideal_step_s": ideal, "results": scaled,
