@@ -2,7 +2,7 @@
 ``runner.max_staleness`` and staleness correction, scored on the held-out questions.
 
     python examples/searchr1/staleness_study.py --base outputs/demo --out outputs/staleness_study \
-        [--staleness 1,4,8,16] [--corrections none,tis,mask,decoupled] [--seeds 0,1,2] [--steps 30]
+        [--staleness 1,4,8,16] [--corrections none,tis,mask,decoupled,clip] [--seeds 0,1,2] [--steps 30]
 
 ``--base`` is a finished ``bash scripts/demo.sh`` output folder: its data, BM25 index and warm-started model
 (``model/sft``) are shared by every cell, so the cells differ only in the pipeline, the correction and the RL seed
@@ -44,7 +44,9 @@ class Cell:
     staleness: int
     """``runner.max_staleness`` (0 for sync)."""
     correction: str
-    """``algorithm.mismatch_correction`` (``none``: null; ``-`` for sync, which has none by default)."""
+    """``algorithm.mismatch_correction`` (``none``: null; ``-`` for sync, which has none by default), or ``clip``:
+    old log-probs not recomputed, so PPO's ratio and clip are taken against the behaviour policy (the engine's
+    log-probs) and no weight corrects the lag."""
     seed: int
     """``data.seed`` of the RL stage."""
 
@@ -57,9 +59,11 @@ class Cell:
     def overrides(self) -> list[str]:
         if self.pipeline == "sync":
             return []
+        common = ["++runner.pipeline=async", f"++runner.max_staleness={self.staleness}"]
+        if self.correction == "clip":  # no proximal policy: PPO's ratio and clip taken against the engine's log-probs
+            return [*common, "++algorithm.recompute_logprobs=false", "++algorithm.mismatch_correction=null"]
         correction = "null" if self.correction == "none" else self.correction
-        return ["++runner.pipeline=async", f"++runner.max_staleness={self.staleness}",
-                f"++algorithm.mismatch_correction={correction}"]
+        return [*common, f"++algorithm.mismatch_correction={correction}"]
 
 
 def run_cell(cell: Cell, base: Path, out: Path, address: str, args) -> dict:
