@@ -38,7 +38,7 @@ def table(results: dict[str, dict], ideal: float | None) -> str:
                      f"{r['trajectory_p50_s']:.1f} | {r['trajectory_p99_s']:.1f} | {r['mean_lag']:.2f} |")
     if ideal:
         lines.append(f"| ideal | packed | {ideal:.1f} | {ratio(ideal, low)} | {ratio(ideal, sync)} | 1.00x | "
-                     "0% | - | - | - | - | - | - |")
+                     f"{ideal:.1f} ({ratio(ideal, low)}) | 0% | - | - | - | - | - | - |")
     return "\n".join(lines)
 
 
