@@ -37,14 +37,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from rlinf_search.agents.searchr1.protocol import INVALID_ACTION_OBSERVATION, STOPS, parse_action  # noqa: E402
-from rlinf_search.agents.searchr1.loop import fit_observation, graded_text  # noqa: E402
+from rlinf_search.agents.searchr1.loop import INFORMATION_TAIL, fit_observation, graded_text  # noqa: E402
 from rlinf_search.data.io_struct import ResponseSpan  # noqa: E402
 from rlinf_search.rewards.scores import em_reward  # noqa: E402
 from rlinf_search.tools.search.local import parse_retrieve_response  # noqa: E402
 from rlinf_search.tools.search.base import SearchOutcome  # noqa: E402
 from rlinf_search.agents.tools.search import SearchFunctionTool  # noqa: E402
-
-INFORMATION_TAIL = "</information>\n\n"
 
 
 class SearchR1Rollout:
@@ -54,6 +52,7 @@ class SearchR1Rollout:
                  max_obs_tokens: int, max_passage_tokens: int):
         self.tokenizer, self.topk, self.max_turns = tokenizer, topk, max_turns
         self.max_obs_tokens = max_obs_tokens
+        self.tail_ids = tokenizer.encode(INFORMATION_TAIL, add_special_tokens=False)
         self.http = httpx.Client(base_url=f"http://{server_addr}", timeout=30.0)
         # Only its passage layout is used (``results_text``): the same text our agent loop appends.
         self.layout = SearchFunctionTool(None, None, topk=topk, max_passage_tokens=max_passage_tokens,
@@ -72,8 +71,7 @@ class SearchR1Rollout:
 
     def observation_ids(self, text: str) -> list[int]:
         """The observation's ids held to the agent loop's limit, as the agent loop holds them."""
-        tail = self.tokenizer.encode(INFORMATION_TAIL, add_special_tokens=False) \
-            if text.endswith(INFORMATION_TAIL) else []
+        tail = self.tail_ids if text.endswith(INFORMATION_TAIL) else []
         return fit_observation(self.tokenizer.encode(text, add_special_tokens=False), tail, self.max_obs_tokens)
 
     def generate(self, model, contexts: list[list[int]]) -> list[tuple[list[int], str]]:

@@ -22,9 +22,10 @@ from rlinf_search.agents.searchr1.protocol import (
 from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.data.io_struct import ResponseSpan, Trajectory
 
-__all__ = ["SearchR1AgentLoop", "fit_observation", "graded_text"]
+__all__ = ["INFORMATION_TAIL", "SearchR1AgentLoop", "fit_observation", "graded_text"]
 
-_INFORMATION_TAIL = "</information>\n\n"
+INFORMATION_TAIL = "</information>\n\n"
+"""How an ``<information>`` block ends: ``fit_observation`` keeps it when it cuts one."""
 
 
 def fit_observation(ids: list[int], tail: list[int], max_tokens: int) -> list[int]:
@@ -60,7 +61,7 @@ class SearchR1AgentLoop(AgentLoop):
         # A <search> tag's query becomes arguments in the tool's own schema, read through the Tool interface only.
         self._search_function = SearchFunction.from_schema(self.tools[self._search_name].schema,
                                                            source=f"tool {self._search_name!r}")
-        self._information_tail_ids = self._encode(_INFORMATION_TAIL)
+        self._information_tail_ids = self._encode(INFORMATION_TAIL)
 
     def read_turn(self, rollout: RolloutState, turn: ModelTurn, tools_allowed: bool) -> str | None:
         rollout.action = parse_action(turn.text)
@@ -80,7 +81,7 @@ class SearchR1AgentLoop(AgentLoop):
 
     def _append_observation(self, traj: Trajectory, observation: str, *, kind: str) -> None:
         """Append an observation of at most ``max_obs_tokens``, an ``<information>`` block keeping its closing tag."""
-        tail = self._information_tail_ids if observation.endswith(_INFORMATION_TAIL) else []
+        tail = self._information_tail_ids if observation.endswith(INFORMATION_TAIL) else []
         self.append_observation(traj, fit_observation(self._encode(observation), tail, self.config.max_obs_tokens),
                                 kind=kind)
 
