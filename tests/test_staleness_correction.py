@@ -14,6 +14,7 @@ import torch
 from rlinf_search.agents import build_agent_loop
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.algorithms import compute_advantages
+from rlinf_search.algorithms.importance import M2_THRESHOLD
 from rlinf_search.algorithms.staleness import LagStats, token_lags, too_stale
 from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.io_struct import QARecord, SamplingParams, Trajectory
@@ -159,6 +160,32 @@ def test_the_decoupled_loss_is_ppos_when_behaviour_and_proximal_agree_and_not_ot
     assert metrics["actor/lag_1/kl_behaviour_proximal"] == pytest.approx(1.0 - torch.log(torch.tensor(2.0)).item(),
                                                                          rel=1e-4)
     assert any(not torch.allclose(a, b) for a, b in zip(_grads(again), _grads(ppo)))
+
+
+def test_m2po_keeps_every_token_when_the_policies_agree_and_drops_the_most_moved_ones_when_they_do_not(
+        tiny_model_dir, swapped):
+    ppo, m2po = _trainer(tiny_model_dir), _trainer(tiny_model_dir, mismatch_correction="m2po")
+    batch = _prepared(ppo, swapped, trained_version=5)
+    batch.rollout_logprobs = torch.where(batch.response_mask.bool(), batch.old_logprobs, batch.rollout_logprobs)
+    ppo.train_on_batch(batch)
+    metrics = m2po.train_on_batch(batch)
+    for a, b in zip(_grads(ppo), _grads(m2po)):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+    assert metrics["actor/is_masked_fraction"] == 0.0
+    # The old version's tokens sampled at a quarter of the probability ((log 4)^2 = 1.9 each): enough of them are
+    # dropped that the rest's second moment is within the threshold, and the same update is PPO's with exactly
+    # those tokens' advantages zeroed and the kept old ones weighted 4.
+    old = (token_lags(batch.token_versions, 5) == 1) & batch.response_mask.bool()
+    batch.rollout_logprobs = batch.rollout_logprobs - torch.log(torch.tensor(4.0)) * old
+    moved = _trainer(tiny_model_dir, mismatch_correction="m2po")
+    metrics = moved.train_on_batch(batch)
+    model_tokens = int(batch.response_mask.sum())
+    dropped = round(metrics["actor/is_masked_fraction"] * model_tokens)
+    kept_old = int(old.sum()) - dropped
+    assert 0 < dropped <= int(old.sum())
+    assert kept_old * torch.log(torch.tensor(4.0)).item() ** 2 / (model_tokens - dropped) <= M2_THRESHOLD
+    assert (kept_old + 1) * torch.log(torch.tensor(4.0)).item() ** 2 / (model_tokens - dropped + 1) > M2_THRESHOLD
+    assert any(not torch.allclose(a, b) for a, b in zip(_grads(moved), _grads(ppo)))
 
 
 def test_lag_stats_add_up_over_micro_batches():

@@ -11,6 +11,10 @@ recomputed log-prob and ``roll`` the engine's:
   ``old`` is the proximal policy (the policy at the start of the update, which the PPO clip is taken against) and
   ``roll`` the behaviour policy that sampled the token, so the clip bounds the update and the weight alone
   corrects the sampling; ``tis`` is this with the weight truncated.
+- ``m2po`` (the second-moment trust region of M2PO, Zheng et al. 2025): the ``decoupled`` weight, but the tokens
+  with the largest (log rho)^2 are dropped until the mean of (log rho)^2 over the kept ones is at most
+  ``M2_THRESHOLD``. It bounds how far the sampled policy may be from the trained one in the batch as a whole, not
+  per token, so a stale batch trains on the tokens where the two still agree.
 
 The weights are constants (no gradient): multiply the token losses by them before aggregating.
 Off by default: a reported pitfall is Search-R1 on a 3B model collapsing early with TIS on.
@@ -123,6 +127,36 @@ def decoupled_weights(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, 
     return _result(rho, response_mask.bool(), missing, truncated=none, dropped=none)
 
 
+M2_THRESHOLD = 0.04
+"""``m2po``'s bound on the kept tokens' mean (log rho)^2, the value M2PO reports stable at hundreds of versions of
+staleness."""
+
+
+@torch.no_grad()
+def second_moment_weights(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, *,
+                          response_mask: torch.Tensor, threshold: float = M2_THRESHOLD) -> ImportanceWeights:
+    """``m2po``: w = exp(old - roll) on the kept tokens, 0 on the dropped ones. The tokens are dropped in order of
+    (old - roll)^2, largest first, until the rest's mean is at most ``threshold`` (taken over this call's tokens:
+    a micro-batch's). Tokens without a rollout log-prob keep weight 1 and do not count toward the moment."""
+    if threshold <= 0:
+        raise ValueError(f"the second-moment threshold must be > 0, got {threshold}")
+    rho, missing = _rho(old_logprob, rollout_logprob)
+    mask = response_mask.bool()
+    scored = mask & ~missing
+    squared = torch.log(rho).square()
+    values, order = squared[scored].sort()
+    # The running mean of the ascending squares never falls, so the tokens kept are the smallest n whose mean
+    # stays within the threshold; the cut is by rank, so equal squares on both sides of it are split.
+    means = values.cumsum(0) / torch.arange(1, len(values) + 1, dtype=values.dtype)
+    kept = int((means <= threshold).sum())
+    dropped_scored = torch.zeros_like(values, dtype=torch.bool)
+    dropped_scored[order[kept:]] = True
+    dropped = torch.zeros_like(scored)
+    dropped[scored] = dropped_scored
+    weights = torch.where(dropped, torch.zeros_like(rho), rho)
+    return _result(weights, mask, missing, truncated=torch.zeros_like(dropped), dropped=dropped)
+
+
 MismatchCorrection = Callable[..., ImportanceWeights]
 """``fn(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights``: ``cap`` and ``low``
 are ``algorithm.mismatch_cap`` and ``algorithm.mismatch_low``; a correction reads the ones it needs."""
@@ -144,3 +178,8 @@ def _masked(old_logprob, rollout_logprob, *, response_mask, cap, low) -> Importa
 @MISMATCH_CORRECTIONS.register("decoupled")
 def _decoupled(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights:
     return decoupled_weights(old_logprob, rollout_logprob, response_mask=response_mask)
+
+
+@MISMATCH_CORRECTIONS.register("m2po")
+def _second_moment(old_logprob, rollout_logprob, *, response_mask, cap, low) -> ImportanceWeights:
+    return second_moment_weights(old_logprob, rollout_logprob, response_mask=response_mask)

@@ -80,7 +80,8 @@ class PolicyLossConfig:
     """Sampling temperature: log-probs are recomputed as log_softmax(logits / temperature)."""
     mismatch_correction: str | None = declared(None, STR, registry=MISMATCH_CORRECTIONS)
     """Train/inference mismatch and staleness correction: None, ``tis`` (truncate), ``mask`` (token-level MIS) or
-    ``decoupled`` (AReaL's decoupled objective, the weight untruncated)."""
+    ``decoupled`` (AReaL's decoupled objective, the weight untruncated) or ``m2po`` (``decoupled`` with M2PO's
+    second-moment token mask)."""
     max_token_lag: int | None = declared(None, Int(ge=0))
     """Model tokens sampled more than this many policy versions before the one the update starts from are
     dropped from the loss and counted (``actor/stale_fraction``); None keeps every token."""
