@@ -144,7 +144,7 @@ def test_update_weights_offload_and_bad_input(engine, tiny_model_dir):
     engine.onload()
     with pytest.raises(ValueError, match="at least one prompt token"):
         asyncio.run(engine.generate([], sampling))
-    with pytest.raises(ValueError, match="exceeds the model's"):
+    with pytest.raises(ValueError, match="exceeds the engine's"):
         asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=10**6)))
     with pytest.raises(ValueError, match="temperature > 0"):
         asyncio.run(engine.generate(prompt, SamplingParams(temperature=0.0)))

@@ -7,8 +7,9 @@ import logging
 import pytest
 
 from rlinf_search.scheduler.config import ClusterConfig
-from rlinf_search.scheduler.placement import Topology, validate_placement
+from rlinf_search.scheduler.placement import Backend, Topology, validate_placement
 from rlinf_search.scheduler.ranges import PlacementError, format_ids, parse_ranges
+from rlinf_search.workers.rollout.base import traits_of
 
 COMPONENTS = {"actor", "rollout", "inference", "reward", "agent"}
 
@@ -127,16 +128,21 @@ def test_range_past_a_node_group_names_the_group():
 def test_a_backend_that_cannot_offload_may_not_share_devices():
     cfg = {"actor,rollout": "all"}
     with pytest.raises(PlacementError) as caught:
-        resolve(cfg, "collocated", {"rollout": "vllm", "actor": "fsdp"})
+        resolve(cfg, "collocated", {"rollout": engine("vllm")})
     assert str(caught.value) == (
         "cluster.component_placement.actor,rollout: rollout backend 'vllm' cannot offload on cpu devices, "
         "so rollout cannot share devices 0-7 with actor; give rollout devices of its own (on a GPU cluster, "
         "declare cluster.num_gpus_per_node)")
     # The same pair is fine disaggregated, and on GPUs (vLLM's sleep mode offloads there).
-    resolve({"rollout": "0-3", "actor": "4-7"}, "disaggregated", {"rollout": "vllm"})
+    resolve({"rollout": "0-3", "actor": "4-7"}, "disaggregated", {"rollout": engine("vllm")})
     gpu = Topology(device_kind="cuda", devices_per_node=(8,), node_groups={})
-    assert resolve(cfg, "collocated", {"rollout": "vllm"}, topology=gpu).mode == "collocated"
-    assert resolve(cfg, "collocated", {"rollout": "hf"}).mode == "collocated"
+    assert resolve(cfg, "collocated", {"rollout": engine("vllm")}, topology=gpu).mode == "collocated"
+    assert resolve(cfg, "collocated", {"rollout": engine("hf")}).mode == "collocated"
+
+
+def engine(name: str) -> Backend:
+    """The placement's view of a registered rollout engine: its offload trait."""
+    return Backend(name, traits_of(name).offloads_on)
 
 
 def test_missing_component_is_a_placement_error():

@@ -250,3 +250,23 @@ def test_killed_run_resumes_exactly(tmp_path, synth, server, tiny_model_dir, pla
     assert training.global_step == reference_training.global_step
     assert adam_steps(latest_checkpoint(tmp_path / "cut" / "run" / "checkpoints"), tmp_path / "cut.pt") == \
         adam_steps(latest_checkpoint(tmp_path / "full" / "run" / "checkpoints"), tmp_path / "full.pt")
+
+
+# Heavy: about 45 s on 2 cores; the default lane must stay under 15 minutes (CI runs every lane).
+@pytest.mark.heavy
+def test_an_engine_named_by_dotted_path_is_placed_synced_and_trained(tmp_path, synth, server, tiny_model_dir):
+    """``examples/plugins/gpu_offload_engine.py`` (an engine that cannot offload on CPU) on a CPU slot of its own:
+    the placement takes it by its traits, and the weight sync reaches it, so the last step's batch was sampled by
+    the policy of an earlier update."""
+    cfg = _config(tmp_path, synth, server, tiny_model_dir, **{
+        "runner.val_check_interval": 0, "rollout.rollout_backend": "examples.plugins.gpu_offload_engine:build"})
+    cfg.cluster.cpu_slots_per_node = 3
+    cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "2"}
+    result = _run(cfg, tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["staleness/mean_lag"] for r in rows] == [0.0, 1.0, 1.0], "overlap: one version behind from step 2"
+    last = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_3.jsonl").read_text().splitlines()]
+    versions = {span["version"] for row in last for span in row["response"] if span["kind"] == "model"}
+    assert versions == {1}, "step 3 was sampled on the weights step 1's update synced into the engine"

@@ -1,5 +1,6 @@
-"""What an agent loop needs from the engine that generates its turns, and the two helpers every engine side
-shares with it: a trajectory's routing session and the derivation of per-request seeds.
+"""What an agent loop needs from the engine that generates its turns, the checks every engine makes of a request,
+and the two helpers every engine side shares with it: a trajectory's routing session and the derivation of
+per-request seeds.
 
 They live here, in the agents' floor, so that agent loops import nothing from the workers: the workers (the
 rollout ranks, the engine servers, the router) import them from here.
@@ -47,6 +48,22 @@ class GenerationEngine(Protocol):
     async def aclose(self) -> None:
         """Stop background work and release resources."""
         ...
+
+
+def check_request(prompt_ids: list[int], sampling: SamplingParams, *, positions: int, offloaded: bool) -> None:
+    """The checks every engine's ``generate`` makes before it queues a request: a ``RuntimeError`` while offloaded,
+    a one-line ``ValueError`` for an empty prompt, one longer than the model's ``positions`` with its new tokens, or
+    sampling that cannot run."""
+    if offloaded:
+        raise RuntimeError("the engine is offloaded; call onload() before generate()")
+    if not prompt_ids:
+        raise ValueError("generate() needs at least one prompt token")
+    if len(prompt_ids) + sampling.max_new_tokens > positions:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens {sampling.max_new_tokens} "
+                         f"exceeds the engine's {positions} positions")
+    if sampling.max_new_tokens < 1 or (not sampling.greedy and sampling.temperature <= 0):
+        raise ValueError(f"invalid sampling parameters {sampling}: max_new_tokens must be >= 1 and "
+                         "temperature > 0 unless greedy")
 
 
 @dataclass

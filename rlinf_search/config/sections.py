@@ -23,11 +23,11 @@ from rlinf_search.config.tools import extra_tools
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.scheduler.config import ClusterConfig
-from rlinf_search.scheduler.placement import Placement, Topology, validate_placement
+from rlinf_search.scheduler.placement import Backend, Placement, Topology, validate_placement
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.reward.config import RewardConfig
-from rlinf_search.workers.rollout.base import engine_factory
-from rlinf_search.workers.rollout.config import VLLM_ONLY_KEYS, RolloutConfig
+from rlinf_search.workers.rollout.base import ROLLOUT_ENGINES, traits_of
+from rlinf_search.workers.rollout.config import RolloutConfig
 
 # Components a placement may name (the agent loop runs inside the rollout group, so it is not one).
 COMPONENTS = frozenset({"actor", "rollout", "reward", "inference"})
@@ -54,15 +54,21 @@ def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> R
     (else it trains on the engine's, which vLLM filters by top-k/top-p)."""
     backend = get(raw, "rollout.rollout_backend", RolloutConfig.backend)
     try:
-        engine_factory(backend)
+        traits = traits_of(backend)
     except ValueError as exc:
         raise ConfigError(f"rollout.rollout_backend: {exc}") from None
-    unread = [key for key in VLLM_ONLY_KEYS if get(raw, f"rollout.{key}") is not None] if backend != "vllm" else []
+    owners: dict[str, list[str]] = {}  # a registered engine's own key -> the engines that read it
+    for name in ROLLOUT_ENGINES.names():
+        for key in traits_of(name).own_keys:
+            owners.setdefault(key, []).append(name)
+    unread = [key for key in owners if key not in traits.own_keys and get(raw, f"rollout.{key}") is not None]
     if unread:
-        raise ConfigError(f"rollout.{unread[0]}: read by rollout_backend vllm only, and this run uses {backend}")
-    if backend == "vllm" and not recompute and (sampling.top_k > 0 or sampling.top_p < 1):
-        raise ConfigError("algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend vllm: "
-                          "vLLM's log-probs are of the top-k/top-p filtered distribution, the trainer's are not")
+        raise ConfigError(f"rollout.{unread[0]}: read by rollout_backend {' or '.join(owners[unread[0]])} only, and "
+                          f"this run uses {backend}")
+    if traits.filtered_logprobs and not recompute and (sampling.top_k > 0 or sampling.top_p < 1):
+        raise ConfigError(f"algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend "
+                          f"{backend}: its log-probs are of the top-k/top-p filtered distribution, the trainer's are "
+                          "not")
     return read_view(raw, RolloutConfig, "rollout")
 
 
@@ -148,7 +154,8 @@ def cluster_placement(raw: dict, rollout_backend: str) -> tuple[ClusterConfig, P
     """``cluster`` and its placement, on the GPUs it declares (``num_gpus_per_node``) or its CPU slots."""
     try:
         cluster = ClusterConfig.from_dict(get(raw, "cluster", {}))
-        return cluster, validate_placement(cluster.component_placement, backends={"rollout": rollout_backend},
+        rollout = Backend(rollout_backend, traits_of(rollout_backend).offloads_on)
+        return cluster, validate_placement(cluster.component_placement, backends={"rollout": rollout},
                                            topology=Topology.from_config(cluster), known_components=COMPONENTS)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from rlinf_search.scheduler.config import ClusterConfig
@@ -24,10 +23,18 @@ log = logging.getLogger(__name__)
 
 MODES = ("collocated", "disaggregated", "hybrid")
 
-# Backends that cannot release their device memory between phases, per device kind, so they cannot
-# time-share a device with another component. vLLM's offload is its sleep mode, which needs CUDA.
-NO_OFFLOAD_BACKENDS: Mapping[str, frozenset[str]] = MappingProxyType({"cpu": frozenset({"vllm"}),
-                                                                      "cuda": frozenset()})
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A component's backend as the placement sees it: its name (for messages) and where it can time-share."""
+
+    name: str
+    """``rollout.rollout_backend`` (or the component's backend key)."""
+    offloads_on: frozenset[str]
+    """Device kinds (``cpu``, ``cuda``) on which it releases its memory between phases; on another kind the
+    component cannot share a device (the rollout engine's ``EngineTraits.offloads_on``)."""
+
 
 _ENTRY_KEYS = ("node_group", "devices")
 
@@ -129,12 +136,12 @@ def host_placement(name: str, world_size: int) -> ComponentPlacement:
 
 
 def validate_placement(placement_cfg: Mapping[str, Any], mode: str | None = None,
-                       backends: Mapping[str, str] | None = None, *, topology: Topology,
+                       backends: Mapping[str, Backend] | None = None, *, topology: Topology,
                        known_components: Collection[str] | None = None) -> Placement:
     """Check ``cluster.component_placement`` and resolve it on ``topology``.
 
     ``mode`` (None: inferred) is checked against how components share devices; ``backends`` maps a
-    component to its backend name (``{"rollout": "vllm"}``), and a backend that cannot offload may
+    component to its ``Backend``, and a backend that cannot offload on the topology's device kind may
     not share devices; ``known_components`` (None: any name) rejects typos. Raises
     ``PlacementError`` naming the offending key.
     """
@@ -246,18 +253,17 @@ def _check_mode(mode: str, components: Mapping[str, ComponentPlacement], key_of:
                                      f"shares devices {format_ids(da & db)} with {a}")
 
 
-def _check_backends(backends: Mapping[str, str], components: Mapping[str, ComponentPlacement],
+def _check_backends(backends: Mapping[str, Backend], components: Mapping[str, ComponentPlacement],
                     key_of: Mapping[str, str], device_kind: str) -> None:
-    no_offload = NO_OFFLOAD_BACKENDS.get(device_kind, frozenset())
     for name, backend in backends.items():
-        if backend not in no_offload or name not in components:
+        if device_kind in backend.offloads_on or name not in components:
             continue
         mine = set(components[name].devices)
         for other, placed in components.items():
             shared = mine & set(placed.devices)
             if other != name and shared:
                 raise PlacementError(
-                    f"cluster.component_placement.{key_of[name]}: {name} backend '{backend}' cannot offload "
+                    f"cluster.component_placement.{key_of[name]}: {name} backend '{backend.name}' cannot offload "
                     f"on {device_kind} devices, so {name} cannot share devices {format_ids(shared)} with "
                     f"{other}; give {name} devices of its own (on a GPU cluster, declare "
                     "cluster.num_gpus_per_node)")

@@ -9,10 +9,6 @@ from dataclasses import MISSING, dataclass
 
 from rlinf_search.key_declarations import BOOL, PRECISION, STR, Float, Int, check_fields, declared, dtype_name
 
-# Keys of ``rollout`` that only the vLLM engine reads; with another backend they would do nothing.
-VLLM_ONLY_KEYS = ("gpu_memory_utilization",)
-
-
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """How the rollout engine is built and fed: every field but the weight sync's bucket size is read by an engine
@@ -27,8 +23,9 @@ class RolloutConfig:
     max_running_requests: int = declared(64, Int(ge=1))
     """Most sequences an engine decodes at once (vLLM's ``max_num_seqs``)."""
     gpu_memory_utilization: float = declared(0.5, Float(gt=0, le=1))
-    """vLLM only: share of the device's memory vLLM takes for weights and KV cache. Collocated with an
-    FSDP actor, leave the rest to the actor; on CPU it is the share of RAM, and about 0.3 suits a laptop."""
+    """Read by vLLM only (its ``EngineTraits.own_keys``): share of the device's memory vLLM takes for weights and
+    KV cache. Collocated with an FSDP actor, leave the rest to the actor; on CPU it is the share of RAM, and about
+    0.3 suits a laptop."""
     tensor_parallel_size: int = declared(1, Int(ge=1))
     """Devices one engine spans. Each rollout rank drives exactly one device in this build, so 1."""
     update_weights_bucket_megabytes: int = declared(256, Int(ge=1))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlinf_search.agents.engine import check_request
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.workers.offload import move_module
 from rlinf_search.workers.rollout.hf_cache import cache_kwargs
@@ -147,16 +148,7 @@ class HFGenerationEngine:
 
     # ---- the async interface -------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
-        if self._offloaded:
-            raise RuntimeError("the engine is offloaded; call onload() before generate()")
-        if not prompt_ids:
-            raise ValueError("generate() needs at least one prompt token")
-        if len(prompt_ids) + sampling.max_new_tokens > self.max_positions:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens {sampling.max_new_tokens} "
-                             f"exceeds the model's {self.max_positions} positions")
-        if sampling.max_new_tokens < 1 or (not sampling.greedy and sampling.temperature <= 0):
-            raise ValueError(f"invalid sampling parameters {sampling}: max_new_tokens must be >= 1 and "
-                             "temperature > 0 unless greedy")
+        check_request(prompt_ids, sampling, positions=self.max_positions, offloaded=self._offloaded)
         loop = asyncio.get_running_loop()
         self._ensure_thread()
         generator = (self._generator if sampling.seed is None

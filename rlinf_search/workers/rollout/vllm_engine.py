@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlinf_search.agents.engine import check_request
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.workers.rollout.base import engine_traits
 from rlinf_search.workers.rollout.bucket_files import bucket_file, file_parts
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.weight_loading import weight_buckets
@@ -144,16 +146,7 @@ class VLLMGenerationEngine:
 
     # ---- the async interface -------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
-        if self._offloaded:
-            raise RuntimeError("the engine is offloaded; call onload() before generate()")
-        if not prompt_ids:
-            raise ValueError("generate() needs at least one prompt token")
-        if len(prompt_ids) + sampling.max_new_tokens > self.max_model_len:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens {sampling.max_new_tokens} "
-                             f"exceeds the engine's {self.max_model_len} positions")
-        if sampling.max_new_tokens < 1 or (not sampling.greedy and sampling.temperature <= 0):
-            raise ValueError(f"invalid sampling parameters {sampling}: max_new_tokens must be >= 1 and "
-                             "temperature > 0 unless greedy")
+        check_request(prompt_ids, sampling, positions=self.max_model_len, offloaded=self._offloaded)
         future = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling), self._loop)
         # Cancelling the caller cancels the request on the engine's loop, which aborts it in vLLM.
         return await asyncio.wrap_future(future)
@@ -253,6 +246,8 @@ class VLLMGenerationEngine:
         self._offloaded, self._weights_awake = False, False
 
 
+# vLLM's offload is its sleep mode, which needs CUDA; its log-probs are of the filtered distribution.
+@engine_traits(offloads_on=frozenset({"cuda"}), filtered_logprobs=True, own_keys=("gpu_memory_utilization",))
 def build_vllm_engine(config: RolloutConfig, *, device: str | None = None, seed: int = 0) -> VLLMGenerationEngine:
     """``rollout.rollout_backend: vllm``: a vLLM engine on the rank's one visible device."""
 
