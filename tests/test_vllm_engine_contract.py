@@ -104,6 +104,7 @@ def engine():
     engine = object.__new__(VLLMGenerationEngine)  # everything __init__ sets, with a fake vLLM
     engine.config = VLLMEngineConfig("unused", sleep_mode=True)
     engine.weight_version, engine._offloaded, engine._weights_awake = 0, False, False
+    engine.max_model_len = 64
     engine._loop = asyncio.new_event_loop()
     engine._thread = threading.Thread(target=engine._loop.run_forever, daemon=True)
     engine._thread.start()
