@@ -121,6 +121,9 @@ def test_the_run_config_offers_access_with_the_search_server_and_refuses_what_ca
     for changes, message in [({"tools.access": {"max_page_tokens": 0}}, "max_page_tokens must be >= 1"),
                              ({"tools.access": {"pages": 3}}, "tools.access"),
                              ({"tools.browse": {"class": "no_such.module:Tool"}}, "tools.browse"),
+                             ({"tools.browse": {"class": "rlinf_search.agents.tools.base:ToolResult"}},
+                              "tools.browse: rlinf_search.agents.tools.base:ToolResult is not a tool class: it has "
+                              "no schema and no check"),
                              ({"tools.access": {}, "agent.protocol": "searchr1"}, "only agent.protocol toolcall")]:
         bad = OmegaConf.load(ROOT / "examples" / "searchr1" / "config" / "tiny-cpu.yaml")
         OmegaConf.update(bad, "runner.output_dir", str(tmp_path))

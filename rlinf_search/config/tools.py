@@ -11,6 +11,7 @@ from __future__ import annotations
 from rlinf_search.agents.config import ToolSpec
 from rlinf_search.agents.toolcall.tool_config import ListedTool
 from rlinf_search.agents.tools import TOOLS
+from rlinf_search.agents.tools.base import TOOL_CLASS_MEMBERS, tool_name
 from rlinf_search.config.readers import get
 from rlinf_search.config.schema import ConfigError
 
@@ -46,15 +47,20 @@ def extra_tools(raw: dict, *, protocol: str, search_addr: str, listed: tuple[Lis
             tool = TOOLS.resolve(factory, key=key)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        missing = [member for member in TOOL_CLASS_MEMBERS if not hasattr(tool, member)]
+        if missing:
+            raise ConfigError(f"{key}: {factory} is not a tool class: it has no {' and no '.join(missing)} (a tool "
+                              "class has a schema and a classmethod check(settings) -> settings: docs/agents.md, "
+                              "\"Add a tool\")")
         if getattr(tool, "reads_server", False) and settings.get("server_addr") is None:
             settings["server_addr"] = search_addr
         try:
             settings = tool.check(settings)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{key}: {exc}") from None
-        tool_name = tool.schema["function"]["name"]
-        if tool_name != name:
-            raise ConfigError(f"{key}: the tool calls itself {tool_name!r}; name its section tools.{tool_name}")
+        if tool_name(tool.schema) != name:
+            raise ConfigError(f"{key}: the tool calls itself {tool_name(tool.schema)!r}; name its section "
+                              f"tools.{tool_name(tool.schema)}")
         specs.append(ToolSpec(name=name, factory=factory, settings=settings))
     if specs and protocol != "toolcall":
         raise ConfigError(f"tools.{specs[0].name}: only agent.protocol toolcall offers tools beside search (the "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from rlinf_search.agents.tools.base import ToolResult
+from rlinf_search.agents.tools.base import ToolResult, tool_name
 from rlinf_search.net.http import (
     FinalBackendError,
     TransientBackendError,
@@ -58,8 +58,8 @@ class AccessSettings:
 class AccessTool:
     """Pages by URL from a page store, over one pooled HTTP client (open it in the event loop that calls it)."""
 
-    name = "access"
     schema = ACCESS_SCHEMA
+    name = tool_name(ACCESS_SCHEMA)
     error_kinds = ("arguments", "not_found", "backend")
     reads_server = True
     """``server_addr`` defaults to ``tools.search.server_addr`` (the retrieval server serves the pages too; the first

@@ -7,7 +7,7 @@ trajectory is then not trained on (its group is rolled out again or dropped)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 @dataclass
@@ -48,3 +48,33 @@ class Tool(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
+
+
+class ToolClass(Protocol):
+    """What the config loader (``config/tools.py``) and the rollout ranks call on a tool's class, registered in
+    ``TOOLS`` or named by ``tools.<name>.class``. The tool's name is its schema's function name, written once there:
+    its section is ``tools.<that name>``."""
+
+    schema: ClassVar[dict]
+    """Its OpenAI tool object, ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
+    reads_server: ClassVar[bool]
+    """Optional (default false): ``server_addr`` defaults to ``tools.search.server_addr``."""
+
+    @classmethod
+    def check(cls, settings: dict) -> dict:
+        """The section's settings (without ``class`` and ``enable``) as the tool takes them, once at start-up;
+        ``ValueError`` or ``TypeError`` naming what is wrong (it becomes one config error naming the section)."""
+        ...
+
+    def __call__(self, settings: dict, *, tokenizer) -> Tool:
+        """The constructor: a tool from the checked settings, built per rollout call in that call's event loop."""
+        ...
+
+
+TOOL_CLASS_MEMBERS = ("schema", "check")
+"""What a tool class must have for the loader to take it (``ToolClass``; the constructor comes with any class)."""
+
+
+def tool_name(schema: dict) -> str:
+    """The name the model calls a tool by: its schema's function name."""
+    return schema["function"]["name"]
