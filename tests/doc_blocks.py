@@ -127,6 +127,7 @@ def module_sources(argv: list[str]) -> tuple[str, list[Path], list[str]] | None:
 
 
 CLI_MODULES = {"check": "rlinf_search.cli.app", "train": "rlinf_search.cli.app", "demo": "rlinf_search.cli.app",
+               "schema": "rlinf_search.cli.app",
                "eval": "rlinf_search.runners.eval_runner",
                **{name: module for name, (module, _) in MODULE_COMMANDS.items()}}
 """Where each ``rlinf-search`` subcommand's flags are defined: the app's own (typer options) or the module's parser

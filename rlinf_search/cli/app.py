@@ -2,6 +2,7 @@
 
     rlinf-search check CONFIG [key=value ...] [--no-files]   every check that needs no worker, GPU or data
     rlinf-search train CONFIG [key=value ...]                 a training run (Ray starts inside it)
+    rlinf-search schema [--eval] [--out FILE]                 the config's keys as a JSON Schema, for YAML editors
     rlinf-search eval --model RUN/checkpoints/global_step_N/hf_model --data test.jsonl --server-addr H:P --out DIR
     rlinf-search eval CONFIG [key=value ...]                  a checkpoint scored on a cluster (an eval recipe)
     rlinf-search prepare / index build / index serve / serve / plot / demo
@@ -60,6 +61,28 @@ def check_command(config: str = _CONFIG, overrides: Optional[list[str]] = _OVERR
     print(f"{config}: ok ({report.summary})")
     for skipped in report.skipped:
         print(f"  not checked (--no-files): {skipped}")
+
+
+@app.command("schema")
+def schema_command(eval_config: bool = typer.Option(False, "--eval", help="the keys of an eval recipe, not a training "
+                                                    "run's"),
+                   out: Optional[Path] = typer.Option(None, "--out", help="write it here (default: print it)")) -> None:
+    """The config's keys as a JSON Schema, for a YAML editor's completion and checks (docs/config.md, "Editor
+    support"). Every key, its type and range; the rules between keys are rlinf-search check's."""
+    import json
+
+    from rlinf_search.config.eval import EVAL_SCHEMA
+    from rlinf_search.config.json_schema import config_json_schema
+    from rlinf_search.config.schema import SCHEMA
+
+    schema = config_json_schema(EVAL_SCHEMA if eval_config else SCHEMA,
+                                title=f"rlinf-search {'eval' if eval_config else 'training'} config")
+    text = json.dumps(schema, indent=1) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        print(f"wrote {out}")
 
 
 @app.command("train")

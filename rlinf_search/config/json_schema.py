@@ -1,0 +1,80 @@
+"""The config's keys as a JSON Schema (draft 2020-12), for YAML editors: completion, and a mark on an unknown key or
+a value out of its range before anything runs (``rlinf-search schema``; docs/config.md, "Editor support").
+
+It is made from the same declarations ``validate_cfg`` checks against (``SCHEMA``, the open sections' dataclasses),
+so it takes every key a run takes and no other. What it cannot say, ``rlinf-search check`` does: the rules between
+keys, names a registry resolves, files, placement. Every key is optional (a recipe file sets some, its defaults list
+the rest; null means the default), and every value may be an OmegaConf interpolation (``${runner.seq_length}``).
+RLinf's and verl's own keys, which a run maps before it validates, are not in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from rlinf_search.key_declarations import Key, field_keys
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+INTERPOLATION = {"type": "string", "pattern": r"^.*\$\{.+\}.*$"}
+"""An OmegaConf interpolation, resolved before the run checks the value."""
+
+
+def key_schema(key: Key) -> dict[str, Any]:
+    """One leaf: its type and range (or choices), null, or an interpolation."""
+    if key.kind == "bool":
+        value: dict[str, Any] = {"type": "boolean"}
+    elif key.kind == "list":
+        value = {"type": "array", "items": {"type": "string"}}
+    elif key.kind == "str":
+        value = {"enum": list(key.choices)} if key.choices else {"type": "string"}
+    else:
+        value = {"type": "integer" if key.kind == "int" else "number"}
+        for bound, is_open, closed_word, open_word in ((key.low, key.low_open, "minimum", "exclusiveMinimum"),
+                                                       (key.high, key.high_open, "maximum", "exclusiveMaximum")):
+            if bound is not None:
+                value[open_word if is_open else closed_word] = bound
+    choices = [value, *({"const": allowed, "description": meaning} for allowed, meaning in key.also),
+               {"type": "null"}, INTERPOLATION]
+    out: dict[str, Any] = {"anyOf": choices}
+    if key.numeric and key.bounded:
+        out["description"] = key.range_words() + (f" ({key.relation})" if key.relation else "")
+    elif key.relation:
+        out["description"] = key.relation
+    return out
+
+
+def _dataclass_section(cls) -> dict[str, Any]:
+    """An open section read into ``cls``: each field a key, the declared ones with their ``Key``."""
+    declared = dict(field_keys(cls))
+    return _closed({f.name: key_schema(declared[f.name]) if f.name in declared else {} for f in fields(cls)})
+
+
+def _closed(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": ["object", "null"], "properties": properties, "additionalProperties": False}
+
+
+def _node(node: Any, path: str, open_sections: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(node, Key):
+        return key_schema(node)
+    if path in open_sections:
+        return open_sections[path]
+    if node == "*":
+        return {"type": ["object", "null"]}
+    return _closed({name: _node(child, f"{path}.{name}" if path else name, open_sections)
+                    for name, child in node.items()})
+
+
+def config_json_schema(schema: dict[str, Any], *, title: str) -> dict[str, Any]:
+    """The JSON Schema of a config whose accepted keys are ``schema`` (training's ``SCHEMA`` or the eval's)."""
+    from rlinf_search.config.schema import DATACLASS_SECTIONS
+
+    open_sections = {path: _dataclass_section(cls) for path, cls in DATACLASS_SECTIONS.items()}
+    tool = {"type": ["object", "null"], "properties": {"class": {"type": "string"}, "enable": {"type": "boolean"}},
+            "description": "a tool beside search: class (a dotted path, else the registered tool of this name), "
+                           "enable, and the tool's own settings"}
+    open_sections["tools"] = {"type": ["object", "null"], "properties": {"search": open_sections.pop("tools.search")},
+                              "additionalProperties": tool}
+    out = _node(schema, "", open_sections)
+    out["properties"]["defaults"] = {"type": "array", "description": "Hydra's defaults list (config groups)"}
+    return {"$schema": DRAFT, "title": title, **out, "type": "object"}
