@@ -35,8 +35,9 @@ OPEN_SECTIONS = {"cluster": _names(ClusterConfig),
                  "tools": [f"search.{name}" for name in _names(SearchToolConfig)] + ["<name>.enable", "<name>.class"]
                  + [f"access.{name}" for name in _names(AccessSettings)],
                  "algorithm.distill.teacher": _names(TeacherConfig)}
-# Open sections whose content belongs to another tool, documented as one key.
-PASSED_THROUGH = {"hydra"}
+# Open sections whose content belongs to another tool (Hydra) or to a plugin's own settings model, documented as
+# one key.
+PASSED_THROUGH = {"hydra", "algorithm.policy_loss_settings"}
 
 
 def accepted_keys(schema: dict = SCHEMA, prefix: str = "") -> list[str]:

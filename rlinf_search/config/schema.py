@@ -77,6 +77,7 @@ SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), section_tree(RunConfi
     # PolicyLossConfig's fields; ActorConfig declares ppo_epochs, n_minibatches, shuffle_rollout and the forward rows
     "algorithm": section_tree(PolicyLossConfig, also={
         "ratio_clip_eps": Float(gt=0, lt=1), "value_clip": Float(gt=0),
+        "policy_loss_settings": "*",  # checked by the loss's own settings model (plugin_settings.read_settings)
         "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"),
                             "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)), "top_p": Float(gt=0, le=1),
                             "max_new_tokens": Int(ge=1)},

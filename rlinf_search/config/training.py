@@ -19,9 +19,11 @@ from rlinf_search.config.readers import (
     get_section,
     read_view,
 )
+from rlinf_search.algorithms import POLICY_LOSSES
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
 from rlinf_search.key_declarations import training_dtype_name
+from rlinf_search.plugin_settings import read_settings
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
@@ -38,15 +40,22 @@ CRITIC_BY_DEFAULT = False
 
 
 def policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
-    """The ``algorithm`` keys of the loss; ``ratio_clip_eps`` (verl's symmetric clip) fills the clip sides left unset."""
+    """The ``algorithm`` keys of the loss; ``ratio_clip_eps`` (verl's symmetric clip) fills the clip sides left unset;
+    ``policy_loss_settings`` is validated by the loss's own settings model."""
     symmetric = get_float(raw, "algorithm.ratio_clip_eps", None)
     low = get_float(raw, "algorithm.clip_ratio_low", PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
     high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
     # The one key where null is not the default: RLinf writes clip_ratio_c: null to turn dual clip off.
     algorithm = get(raw, "algorithm", {})
     dual_clip_off = {"clip_ratio_c": None} if "clip_ratio_c" in algorithm and algorithm["clip_ratio_c"] is None else {}
-    return read_view(raw, PolicyLossConfig, "algorithm", clip_ratio_low=low, clip_ratio_high=high,
+    loss = read_view(raw, PolicyLossConfig, "algorithm", clip_ratio_low=low, clip_ratio_high=high,
                      temperature=temperature, norm_constant=float(max_response_tokens), **dual_clip_off)
+    try:
+        settings = read_settings(POLICY_LOSSES.resolve(loss.policy_loss), algorithm.get("policy_loss_settings"),
+                                 path="algorithm.policy_loss_settings", name=f"policy_loss {loss.policy_loss}")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return replace(loss, policy_loss_settings=settings)
 
 
 def _optim(optim: dict, lr_sched: dict, *, total_steps: int, lr: float | None = None) -> OptimConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, POLICY_LOSSES
 from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
@@ -62,6 +63,9 @@ class PolicyLossConfig:
 
     policy_loss: str = declared("ppo", STR, registry=POLICY_LOSSES)
     """``algorithm.policy_loss``: the loss per model token (``POLICY_LOSSES``: a registered name or a dotted path)."""
+    policy_loss_settings: Any = None
+    """``algorithm.policy_loss_settings``: the loss's own keys, an instance of the settings model it declares
+    (``plugin_settings.with_settings``), passed to it as ``settings=``; None for a loss that declares none."""
     clip_ratio_low: float = declared(0.2, Float(gt=0, lt=1), default_words="`ratio_clip_eps`, else 0.2")
     """PPO clip below 1 (``ratio_clip_eps`` sets both sides when the asymmetric keys are absent)."""
     clip_ratio_high: float = declared(0.2, Float(gt=0), default_words="`ratio_clip_eps`, else `clip_ratio_low`")

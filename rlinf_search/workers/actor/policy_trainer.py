@@ -239,9 +239,11 @@ class PolicyTrainer:
             scored = self.module(layout, temperature=cfg.temperature, entropy_grad=cfg.entropy_bonus > 0)
         logprobs, entropy = layout.to_rows(scored.logprobs), layout.to_rows(scored.entropy)
         old = micro.old_logprobs.to(self.device)
+        # A loss with settings of its own (plugin_settings) gets them; the built-in ones declare none.
+        own = {} if cfg.policy_loss_settings is None else {"settings": cfg.policy_loss_settings}
         policy = self.policy_loss(logprobs, old, micro.advantages.to(self.device), response_mask=mask,
                                   clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-                                  clip_ratio_c=cfg.clip_ratio_c)
+                                  clip_ratio_c=cfg.clip_ratio_c, **own)
         token_losses = policy.token_losses
         metrics = policy.metrics()
         rollout = micro.rollout_logprobs.to(self.device)
