@@ -26,6 +26,7 @@ from rlinf_search.agents.engine import check_request
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.workers.offload import move_module
 from rlinf_search.workers.rollout.hf_cache import cache_kwargs
+from rlinf_search.workers.rollout.kv_room import with_room
 from rlinf_search.workers.rollout.prefix_cache import PrefixCache, prefill_inputs, row_states
 from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.running_batch import RunningBatch
@@ -291,7 +292,7 @@ class HFGenerationEngine:
         inputs = prefill_inputs([r.prompt_ids for r in new], prefixes, self.pad_id)
         self.stats.prefilled_tokens += int(inputs.attention_mask[:, -inputs.input_ids.shape[1]:].sum())
         self.stats.reused_tokens += sum(len(p.ids) for p in prefixes if p is not None)
-        cache = DynamicCache()
+        cache = with_room(DynamicCache())
         for layer, (keys, values) in enumerate(inputs.prefix or []):
             cache.update(keys.to(self.device), values.to(self.device), layer)
         mask = inputs.attention_mask.to(self.device)
