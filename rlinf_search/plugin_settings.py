@@ -1,6 +1,6 @@
-"""Settings a plugin brings: a registry entry (a policy loss today) may declare a pydantic model of keys of its own,
+"""Settings a plugin brings: a registry entry (a policy loss, a tool) may declare a pydantic model of keys of its own,
 which start-up validates from the config with the same one-line errors as every other key, and hands to the entry
-with each call. A user's plugin named by dotted path declares its model the same way, in its own file:
+(a loss with each call, a tool when a rollout rank builds it). A user's plugin named by dotted path declares its model the same way, in its own file:
 
     class ClipSettings(pydantic.BaseModel):
         truncation: float = pydantic.Field(4.0, gt=1)
@@ -8,7 +8,8 @@ with each call. A user's plugin named by dotted path declares its model the same
     @with_settings(ClipSettings)
     def my_loss(logprob, old_logprob, advantages, *, response_mask, settings: ClipSettings, **_): ...
 
-and the config sets them beside the name (``algorithm.policy_loss_settings: {truncation: 3}``). An entry that
+and the config sets them beside the name (``algorithm.policy_loss_settings: {truncation: 3}``; a tool's in its own
+section, ``tools.<name>``). An entry that
 declares no model takes no settings: a section written for it is refused.
 """
 

@@ -118,12 +118,16 @@ def test_the_run_config_offers_access_with_the_search_server_and_refuses_what_ca
     assert spec.settings["max_page_tokens"] == 200
     OmegaConf.update(cfg, "tools.access.enable", False)
     assert validate_cfg(cfg).agent_loop.tools == ()
-    for changes, message in [({"tools.access": {"max_page_tokens": 0}}, "max_page_tokens must be >= 1"),
-                             ({"tools.access": {"pages": 3}}, "tools.access"),
+    for changes, message in [({"tools.access": {"max_page_tokens": 0}},
+                              r"tools.access.max_page_tokens: Input should be greater than or equal to 1, got 0"),
+                             ({"tools.access": {"pages": 3}}, "tools.access.pages: unknown key; tool access takes "
+                              "max_page_tokens, server_addr, timeout_s"),
+                             ({"tools.access": {"timeout_s": "soon"}}, "tools.access.timeout_s: Input should be a "
+                              "valid number"),
                              ({"tools.browse": {"class": "no_such.module:Tool"}}, "tools.browse"),
                              ({"tools.browse": {"class": "rlinf_search.agents.tools.base:ToolResult"}},
                               "tools.browse: rlinf_search.agents.tools.base:ToolResult is not a tool class: it has "
-                              "no schema and no check"),
+                              "no schema and no call"),
                              ({"tools.access": {}, "agent.protocol": "searchr1"}, "only agent.protocol toolcall")]:
         bad = OmegaConf.load(ROOT / "examples" / "searchr1" / "config" / "tiny-cpu.yaml")
         OmegaConf.update(bad, "runner.output_dir", str(tmp_path))

@@ -33,7 +33,7 @@ def _names(config) -> list[str]:
 # of each registered tool).
 OPEN_SECTIONS = {"cluster": _names(ClusterConfig),
                  "tools": [f"search.{name}" for name in _names(SearchToolConfig)] + ["<name>.enable", "<name>.class"]
-                 + [f"access.{name}" for name in _names(AccessSettings)],
+                 + [f"access.{name}" for name in AccessSettings.model_fields],
                  "algorithm.distill.teacher": _names(TeacherConfig)}
 # Open sections whose content belongs to another tool (Hydra) or to a plugin's own settings model, documented as
 # one key.

@@ -20,7 +20,8 @@ class ToolSpec:
     factory: str
     """A name in ``agents.tools.TOOLS`` or a dotted path to a tool class (``agents/tools/__init__.py``)."""
     settings: dict = field(default_factory=dict)
-    """The tool's own settings, checked at start-up."""
+    """The tool's own settings, validated at start-up by its settings model and kept as plain values (they cross to
+    the rollout ranks, which validate them into the model again when they build the tool)."""
 
 
 @dataclass(frozen=True)

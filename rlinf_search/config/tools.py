@@ -1,7 +1,8 @@
 """``tools.<name>``: the tools offered beside ``tools.search`` (``agent.protocol: toolcall``), checked at start-up.
 
 A section names a registered tool by its key (``tools.access``) or a user's tool class by ``class`` (a dotted
-path); every other key of the section is the tool's own setting, checked by the tool's ``check``. ``enable:
+path); every other key of the section is the tool's own setting, validated by the settings model the tool declares
+(``plugin_settings.with_settings``). ``enable:
 false`` keeps a section without offering its tool. A tool that reads a server (``access``) defaults its
 ``server_addr`` to ``tools.search.server_addr``.
 """
@@ -14,6 +15,7 @@ from rlinf_search.agents.tools import TOOLS
 from rlinf_search.agents.tools.base import TOOL_CLASS_MEMBERS, tool_name
 from rlinf_search.config.readers import get
 from rlinf_search.config.schema import ConfigError
+from rlinf_search.plugin_settings import read_settings
 
 SEARCH_SECTION = "search"
 """The retrieval client's section (``tools.search``, read by ``SearchToolConfig``), not a tool of this list."""
@@ -50,14 +52,15 @@ def extra_tools(raw: dict, *, protocol: str, search_addr: str, listed: tuple[Lis
         missing = [member for member in TOOL_CLASS_MEMBERS if not hasattr(tool, member)]
         if missing:
             raise ConfigError(f"{key}: {factory} is not a tool class: it has no {' and no '.join(missing)} (a tool "
-                              "class has a schema and a classmethod check(settings) -> settings: docs/agents.md, "
-                              "\"Add a tool\")")
+                              "class has a schema, an async call and a settings model: docs/agents.md, \"Add a "
+                              "tool\")")
         if getattr(tool, "reads_server", False) and settings.get("server_addr") is None:
             settings["server_addr"] = search_addr
         try:
-            settings = tool.check(settings)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{key}: {exc}") from None
+            model = read_settings(tool, settings, path=key, name=f"tool {name}")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        settings = {} if model is None else model.model_dump(mode="json")
         if tool_name(tool.schema) != name:
             raise ConfigError(f"{key}: the tool calls itself {tool_name(tool.schema)!r}; name its section "
                               f"tools.{tool_name(tool.schema)}")

@@ -2,9 +2,9 @@
 
 ``search`` is always there (the retrieval client behind a function schema, ``search.py``). Every other tool is a
 class registered here under the name that ``tools.<name>`` configures it by (or, for a user's tool, named by a
-dotted path in ``tools.<name>.class``), with a class attribute ``schema``, a classmethod ``check(settings) ->
-settings`` run at start-up, and a constructor ``(settings: dict, *, tokenizer)``; the rollout ranks build one per
-rollout call. Adding a tool takes its module, one line below, and its test (docs/agents.md).
+dotted path in ``tools.<name>.class``), with a class attribute ``schema``, a settings model declared with
+``plugin_settings.with_settings`` (validated at start-up) and a constructor ``(settings, *, tokenizer)`` that gets
+the validated model; the rollout ranks build one per rollout call. Adding a tool takes its module, one line below, and its test (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.tools.base import Tool, ToolResult
 from rlinf_search.agents.tools.search import SearchFunctionTool, search_tool
+from rlinf_search.plugin_settings import settings_model
 from rlinf_search.registry import Lazy, Registry
 
 __all__ = ["TOOLS", "SearchFunctionTool", "Tool", "ToolResult", "as_tools", "build_tools"]
@@ -23,8 +24,12 @@ TOOLS.register("access", Lazy("rlinf_search.agents.tools.access:AccessTool"))
 
 def build_tools(config: AgentLoopConfig, tokenizer) -> dict[str, Tool]:
     """The tools ``config.tools`` names beside search, built in the calling event loop (close them after)."""
-    return {spec.name: TOOLS.resolve(spec.factory, key=f"tools.{spec.name}")(spec.settings, tokenizer=tokenizer)
-            for spec in config.tools}
+    tools = {}
+    for spec in config.tools:
+        tool = TOOLS.resolve(spec.factory, key=f"tools.{spec.name}")
+        model = settings_model(tool)
+        tools[spec.name] = tool(None if model is None else model.model_validate(spec.settings), tokenizer=tokenizer)
+    return tools
 
 
 def as_tools(tools, config: AgentLoopConfig, tokenizer) -> dict[str, Tool]:

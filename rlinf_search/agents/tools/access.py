@@ -10,7 +10,8 @@ fails and a call without a URL each come back to the model as one line, and are 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlinf_search.agents.tools.base import ToolResult, tool_name
 from rlinf_search.net.http import (
@@ -20,6 +21,7 @@ from rlinf_search.net.http import (
     one_line,
     post_json,
 )
+from rlinf_search.plugin_settings import with_settings
 from rlinf_search.tools.search.observation import truncate_passage
 
 ACCESS_SCHEMA = {
@@ -37,24 +39,21 @@ ACCESS_SCHEMA = {
 """The function the model sees (our wording; ASearcher's agents call it ``access`` with a ``url``)."""
 
 
-@dataclass(frozen=True)
-class AccessSettings:
-    """``tools.access``, resolved at start-up."""
+class AccessSettings(BaseModel):
+    """``tools.access``, validated at start-up (``plugin_settings.read_settings``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     server_addr: str
     """``host:port`` of the retrieval server whose ``/access`` serves the pages."""
-    max_page_tokens: int = 500
+    max_page_tokens: int = Field(500, ge=1)
     """A page longer than this many tokens is cut (the observation budget, ``max_tool_response_length``, still
     applies on top)."""
-    timeout_s: float = 30.0
+    timeout_s: float = Field(30.0, gt=0)
     """Seconds one request may take."""
 
-    def __post_init__(self) -> None:
-        if self.max_page_tokens < 1 or self.timeout_s <= 0:
-            raise ValueError(f"tools.access: max_page_tokens must be >= 1 and timeout_s > 0, got {self.max_page_tokens}"
-                             f" and {self.timeout_s}")
 
-
+@with_settings(AccessSettings)
 class AccessTool:
     """Pages by URL from a page store, over one pooled HTTP client (open it in the event loop that calls it)."""
 
@@ -65,13 +64,8 @@ class AccessTool:
     """``server_addr`` defaults to ``tools.search.server_addr`` (the retrieval server serves the pages too; the first
     replica of several)."""
 
-    @classmethod
-    def check(cls, settings: dict) -> dict:
-        """``settings`` as the tool takes them; ValueError (or TypeError) naming what is wrong."""
-        return asdict(AccessSettings(**settings))
-
-    def __init__(self, settings: dict, *, tokenizer=None):
-        self.settings, self.tokenizer = AccessSettings(**settings), tokenizer
+    def __init__(self, settings: AccessSettings, *, tokenizer=None):
+        self.settings, self.tokenizer = settings, tokenizer
         self._url = f"http://{self.settings.server_addr}/access"
         self._http = make_http_client(8, trust_env=False)
 

@@ -53,26 +53,25 @@ class Tool(Protocol):
 class ToolClass(Protocol):
     """What the config loader (``config/tools.py``) and the rollout ranks call on a tool's class, registered in
     ``TOOLS`` or named by ``tools.<name>.class``. The tool's name is its schema's function name, written once there:
-    its section is ``tools.<that name>``."""
+    its section is ``tools.<that name>``. Its settings are a pydantic model the class declares with
+    ``plugin_settings.with_settings``: start-up validates the section with it (one line naming
+    ``tools.<name>.<key>`` for an unknown key or a value it refuses), and the constructor gets the validated model.
+    A class that declares none takes no keys and gets None."""
 
     schema: ClassVar[dict]
     """Its OpenAI tool object, ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
     reads_server: ClassVar[bool]
     """Optional (default false): ``server_addr`` defaults to ``tools.search.server_addr``."""
 
-    @classmethod
-    def check(cls, settings: dict) -> dict:
-        """The section's settings (without ``class`` and ``enable``) as the tool takes them, once at start-up;
-        ``ValueError`` or ``TypeError`` naming what is wrong (it becomes one config error naming the section)."""
-        ...
-
-    def __call__(self, settings: dict, *, tokenizer) -> Tool:
-        """The constructor: a tool from the checked settings, built per rollout call in that call's event loop."""
+    def __call__(self, settings, *, tokenizer) -> Tool:
+        """The constructor: a tool from its validated settings (its settings model, or None), built per rollout call
+        in that call's event loop."""
         ...
 
 
-TOOL_CLASS_MEMBERS = ("schema", "check")
-"""What a tool class must have for the loader to take it (``ToolClass``; the constructor comes with any class)."""
+TOOL_CLASS_MEMBERS = ("schema", "call")
+"""What a class must have for the loader to take it as a tool (``ToolClass``; the constructor comes with any
+class, the settings model is optional)."""
 
 
 def tool_name(schema: dict) -> str:
