@@ -37,7 +37,7 @@ OPEN_SECTIONS = {"cluster": _names(ClusterConfig),
                  "algorithm.distill.teacher": _names(TeacherConfig)}
 # Open sections whose content belongs to another tool (Hydra) or to a plugin's own settings model, documented as
 # one key.
-PASSED_THROUGH = {"hydra", "algorithm.policy_loss_settings"}
+PASSED_THROUGH = {"hydra", "algorithm.policy_loss_settings", "algorithm.adv_settings", "reward.score_settings"}
 
 
 def accepted_keys(schema: dict = SCHEMA, prefix: str = "") -> list[str]:

@@ -3,7 +3,9 @@
 An estimator is ``fn(inputs: AdvantageInputs) -> AdvantageOutput``. Add one with
 ``@register_advantage("my_name", traits=AdvantageTraits(...))`` or name it in the config by dotted path
 (``my_pkg.adv.my_fn``), its traits then declared with ``@advantage_traits(...)`` on the function. The traits say
-what the run must give it (groups of two or more, a critic) and whether it can stream; start-up checks them.
+what the run must give it (groups of two or more, a critic) and whether it can stream; start-up checks them. An
+estimator with keys of its own declares their pydantic model with ``@with_settings(Model)``: start-up validates
+``algorithm.adv_settings`` with it and the estimator reads the result as ``inputs.settings``.
 
 Conventions (checked against verl's ``core_algos.py``; see docs/ALGORITHMS.md):
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -54,6 +57,9 @@ class AdvantageInputs:
     """Added to the group std before dividing (GRPO); verl and RLinf use 1e-6."""
     normalize_advantages: bool = True
     """GAE only: whiten the advantages over the batch's model tokens (verl always does)."""
+    settings: Any = None
+    """The estimator's own settings: the pydantic model it declares (``plugin_settings.with_settings``), validated
+    from ``algorithm.adv_settings`` at start-up; None for an estimator that declares none."""
 
     def __post_init__(self) -> None:
         if self.response_mask.dim() != 2:

@@ -14,6 +14,7 @@ from typing import Any
 
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.key_declarations import T, from_section
+from rlinf_search.plugin_settings import read_settings
 
 
 def get(raw: dict, dotted: str, default: Any = None) -> Any:
@@ -58,5 +59,15 @@ def read_view(raw: dict, cls: type[T], dotted: str, **given: Any) -> T:
     ``ConfigError`` naming the key."""
     try:
         return from_section(cls, get(raw, dotted, {}) if dotted else raw, path=dotted, **given)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def entry_settings(raw: dict, entry: Any, dotted: str, *, name: str) -> Any:
+    """The section at ``dotted`` validated by the settings model the registry entry ``entry`` declares
+    (``plugin_settings.read_settings``; ``name``: the entry as the config names it, for messages), or None for an
+    entry that declares none and no section; ``ConfigError`` in one line naming the key."""
+    try:
+        return read_settings(entry, get(raw, dotted), path=dotted, name=name)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

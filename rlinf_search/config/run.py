@@ -16,7 +16,7 @@ from rlinf_search.config.distill import distill_config
 from rlinf_search.config.file_checks import FileChecks
 from rlinf_search.config.pipeline import ASYNC_DEFAULTS, async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
-from rlinf_search.config.readers import get, get_bool, get_int, read_view
+from rlinf_search.config.readers import entry_settings, get, get_bool, get_int, read_view
 from rlinf_search.config.run_config import RunConfig
 from rlinf_search.config.runner import RunnerConfig
 from rlinf_search.config.schema import SCHEMA, ConfigError, check_keys, check_values
@@ -157,6 +157,8 @@ def validate_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> 
     runner = _runner(raw)
     limit = prompt_limit(raw, seq_length=runner.seq_length)
     group_size, batch, adv_type = _batching(raw)
+    adv_settings = entry_settings(raw, ADVANTAGE_ESTIMATORS.resolve(adv_type), "algorithm.adv_settings",
+                                  name=f"adv_type {adv_type}")
     recompute = get_bool(raw, "algorithm.recompute_logprobs", RunConfig.recompute_logprobs)
     if retokenize(raw) and not recompute:
         raise ConfigError("agentloop.retokenize: true needs algorithm.recompute_logprobs: true: re-tokenized ids "
@@ -205,7 +207,7 @@ def validate_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> 
         raise ConfigError(str(exc)) from None
     return read_view(
         raw, RunConfig, "", cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
-        agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths, val_data_paths=val_paths,
+        adv_settings=adv_settings, agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths, val_data_paths=val_paths,
         inference=inference, logprobs=logprobs, prompt_limit=limit, reward=reward, critic=critic,
         actor_group=groups["actor"], rollout_group=groups["rollout"], reward_group=groups["reward"],
         distill=distill_config(raw, temperature=sampling.temperature), monitors=monitors, settings=raw)

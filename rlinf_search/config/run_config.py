@@ -8,6 +8,7 @@ here (``section_tree``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
@@ -59,6 +60,9 @@ class RunConfig:
     """Samples per prompt (RLinf's Search-R1 recipe uses 4)."""
     adv_type: str = declared("grpo", STR, at="algorithm.adv_type", registry=ADVANTAGE_ESTIMATORS)
     """Advantage estimator: a registered name or a dotted path."""
+    adv_settings: Any = None
+    """``algorithm.adv_settings`` validated by the settings model the estimator declares (``@with_settings``);
+    None for one that declares none."""
     recompute_logprobs: bool = declared(True, BOOL, at="algorithm.recompute_logprobs")
     """Recompute old log-probs (actor or InferenceGroup) instead of using the engine's."""
     mask_observations: bool = declared(True, BOOL, at="algorithm.mask_observations")

@@ -78,6 +78,7 @@ SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), section_tree(RunConfi
     "algorithm": section_tree(PolicyLossConfig, also={
         "ratio_clip_eps": Float(gt=0, lt=1), "value_clip": Float(gt=0),
         "policy_loss_settings": "*",  # checked by the loss's own settings model (plugin_settings.read_settings)
+        "adv_settings": "*",  # checked by the advantage estimator's own settings model
         "sampling_params": {"do_sample": BOOL, "temperature": Float(ge=0, relation="> 0 when do_sample"),
                             "top_k": Int(ge=0, also=((-1, "off, as vLLM writes it"),)), "top_p": Float(gt=0, le=1),
                             "max_new_tokens": Int(ge=1)},
@@ -100,7 +101,8 @@ SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), section_tree(RunConfi
                      "ckpt_convertor": dict(field_keys(CheckpointConverterConfig))},
         "offload_weight": BOOL, "offload_grad": BOOL, "offload_optimizer": BOOL,
         "optim": dict(_OPTIM), "lr_sched": dict(_LR_SCHED)},
-    "reward": section_tree(RewardConfig, also={"reward_type": Choice(*REWARD_TYPES)}),
+    "reward": section_tree(RewardConfig, also={"reward_type": Choice(*REWARD_TYPES),
+                                               "score_settings": "*"}),  # checked by the score's own settings model
     "monitors": section_tree(MonitorsConfig),
     "critic": {"use_critic_model": BOOL, "group_name": STR, "warmup_steps": Int(ge=0, relation="< the run's steps"),
                "model": {"model_path": STR, "precision": PRECISION},

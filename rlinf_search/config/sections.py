@@ -17,11 +17,12 @@ from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.agents.toolcall.tool_config import ListedTool, ToolConfigError, read_tool_config
 from rlinf_search.agents.tools import TOOLS
 from rlinf_search.config.file_checks import FileChecks
-from rlinf_search.config.readers import get, get_bool, get_float, get_int, read_view
+from rlinf_search.config.readers import entry_settings, get, get_bool, get_float, get_int, read_view
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.config.tools import extra_tools
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptLimit
+from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Backend, Placement, Topology, validate_placement
 from rlinf_search.tools.search.config import SearchToolConfig
@@ -187,6 +188,12 @@ def data_paths(raw: dict, key: str, *, required: bool, files: FileChecks | None 
 
 
 def reward_config(raw: dict) -> RewardConfig:
-    """``reward``: the score, checked to resolve, and its scale (``reward.reward_type``, the one reward family, is
-    declared)."""
-    return read_view(raw, RewardConfig, "reward")
+    """``reward``: the score, checked to resolve, its own settings (``reward.score_settings``) and its scale
+    (``reward.reward_type``, the one reward family, is declared)."""
+    score = get(raw, "reward.score", RewardConfig.score)
+    try:
+        entry = REWARDS.resolve(score, key="reward.score")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return read_view(raw, RewardConfig, "reward",
+                     score_settings=entry_settings(raw, entry, "reward.score_settings", name=f"score {score}"))

@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from rlinf_search.config.readers import (
+    entry_settings,
     get,
     get_bool,
     get_float,
@@ -23,7 +24,6 @@ from rlinf_search.algorithms import POLICY_LOSSES
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
 from rlinf_search.key_declarations import training_dtype_name
-from rlinf_search.plugin_settings import read_settings
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
@@ -50,11 +50,8 @@ def policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> P
     dual_clip_off = {"clip_ratio_c": None} if "clip_ratio_c" in algorithm and algorithm["clip_ratio_c"] is None else {}
     loss = read_view(raw, PolicyLossConfig, "algorithm", clip_ratio_low=low, clip_ratio_high=high,
                      temperature=temperature, norm_constant=float(max_response_tokens), **dual_clip_off)
-    try:
-        settings = read_settings(POLICY_LOSSES.resolve(loss.policy_loss), algorithm.get("policy_loss_settings"),
-                                 path="algorithm.policy_loss_settings", name=f"policy_loss {loss.policy_loss}")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    settings = entry_settings(raw, POLICY_LOSSES.resolve(loss.policy_loss), "algorithm.policy_loss_settings",
+                              name=f"policy_loss {loss.policy_loss}")
     return replace(loss, policy_loss_settings=settings)
 
 

@@ -7,6 +7,8 @@ a mini-batch of them at a time in ``stream``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rlinf_search.algorithms import compute_advantages
@@ -82,16 +84,18 @@ class AdvantageStage:
     the observation. The outcome reward sits on the last model token; KL stays a loss term, not a reward.
     """
 
-    def __init__(self, adv_type: str, *, gamma: float, lam: float, normalize: bool):
+    def __init__(self, adv_type: str, *, gamma: float, lam: float, normalize: bool, settings: Any = None):
         self.adv_type, self.gamma, self.lam, self.normalize = adv_type, gamma, lam, normalize
+        self.settings = settings  # the estimator's own (algorithm.adv_settings), validated at start-up
 
     @classmethod
     def build(cls, config: RunConfig) -> AdvantageStage:
-        return cls(config.adv_type, gamma=config.gamma, lam=config.lam, normalize=config.normalize_advantages)
+        return cls(config.adv_type, gamma=config.gamma, lam=config.lam, normalize=config.normalize_advantages,
+                   settings=config.adv_settings)
 
     def __call__(self, batch: RolloutBatch) -> None:
         values: torch.Tensor | None = batch.values
         out = compute_advantages(self.adv_type, rewards=batch.rewards, response_mask=batch.response_mask,
                                  uids=batch.uids, values=values, gamma=self.gamma, lam=self.lam,
-                                 normalize_advantages=self.normalize)
+                                 normalize_advantages=self.normalize, settings=self.settings)
         batch.advantages, batch.returns = out.advantages, out.returns

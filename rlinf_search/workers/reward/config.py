@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlinf_search.key_declarations import STR, Float, declared
 from rlinf_search.rewards import REWARDS
@@ -17,3 +18,6 @@ class RewardConfig:
     to ``fn(solution_str, golden_answers, **kwargs) -> float``."""
     scale: float = declared(1.0, Float(gt=0), at="reward_scale")
     """``reward.reward_scale``: multiplier of the score."""
+    score_settings: Any = None
+    """``reward.score_settings`` validated by the settings model the score declares (``@with_settings``), passed
+    to it as ``settings=``; None for a score that declares none (it is then called without)."""

@@ -15,7 +15,8 @@ class RewardWorker(Worker):
     def score(self, trajectories: list[Trajectory]) -> list[RewardScore]:
         """One score per trajectory, both of ``graded_text``: what the model wrote, never an
         observation's text."""
+        own = {} if self.config.score_settings is None else {"settings": self.config.score_settings}
         return [RewardScore(reward=self.config.scale * compute_score(self.config.score, traj.graded_text,
-                                                                     traj.golden_answers),
+                                                                     traj.golden_answers, **own),
                             em=compute_score("em", traj.graded_text, traj.golden_answers))
                 for traj in trajectories]
