@@ -1,6 +1,7 @@
-"""Settings a plugin brings: a registry entry (a policy loss, a tool) may declare a pydantic model of keys of its own,
-which start-up validates from the config with the same one-line errors as every other key, and hands to the entry
-(a loss with each call, a tool when a rollout rank builds it). A user's plugin named by dotted path declares its model the same way, in its own file:
+"""Settings a plugin brings: a registry entry (a policy loss, an advantage estimator, a reward score, a tool, an agent
+protocol, a rollout engine) may declare a pydantic model of keys of its own, which start-up validates from the
+config with the same one-line errors as every other key, and hands to the entry (a loss and a score with each call,
+an estimator in its inputs, a tool when a rollout rank builds it, a protocol and an engine in their config). A user's plugin named by dotted path declares its model the same way, in its own file:
 
     class ClipSettings(pydantic.BaseModel):
         truncation: float = pydantic.Field(4.0, gt=1)
@@ -8,8 +9,9 @@ which start-up validates from the config with the same one-line errors as every 
     @with_settings(ClipSettings)
     def my_loss(logprob, old_logprob, advantages, *, response_mask, settings: ClipSettings, **_): ...
 
-and the config sets them beside the name (``algorithm.policy_loss_settings: {truncation: 3}``; a tool's in its own
-section, ``tools.<name>``). An entry that
+and the config sets them beside the name (``algorithm.policy_loss_settings: {truncation: 3}``;
+``algorithm.adv_settings``, ``reward.score_settings``, ``agent.protocol_settings``, ``rollout.engine_settings``; a
+tool's in its own section, ``tools.<name>``). An entry that
 declares no model takes no settings: a section written for it is refused.
 """
 

@@ -37,7 +37,8 @@ OPEN_SECTIONS = {"cluster": _names(ClusterConfig),
                  "algorithm.distill.teacher": _names(TeacherConfig)}
 # Open sections whose content belongs to another tool (Hydra) or to a plugin's own settings model, documented as
 # one key.
-PASSED_THROUGH = {"hydra", "algorithm.policy_loss_settings", "algorithm.adv_settings", "reward.score_settings"}
+PASSED_THROUGH = {"hydra", "algorithm.policy_loss_settings", "algorithm.adv_settings", "reward.score_settings",
+                  "rollout.engine_settings", "agent.protocol_settings"}
 
 
 def accepted_keys(schema: dict = SCHEMA, prefix: str = "") -> list[str]:

@@ -1,7 +1,9 @@
-"""An advantage estimator and a reward of a user's own, each with keys of its own, named by dotted path: start-up
-validates ``algorithm.adv_settings`` and ``reward.score_settings`` with the models they declare (one line per error),
-and the run's RewardWorker and advantage stage hand the validated settings to them. The trajectories come from the
-Search-R1 loop over a real BM25 index; the batch is collated as the trainer collates it."""
+"""Registry entries with keys of their own: an advantage estimator, a reward score and an agent protocol of a user's
+(named by dotted path), and the HF engine. Start-up validates ``algorithm.adv_settings``, ``reward.score_settings``,
+``agent.protocol_settings`` and ``rollout.engine_settings`` with the models they declare (one line per error), and
+the run's advantage stage, RewardWorker, agent loop and engine factory hand the validated settings over. The
+trajectories come from the Search-R1 loop over a real BM25 index; the batch is collated as the trainer collates it.
+(The loss's and a tool's settings: ``test_loss_plugin.py``, ``test_tool_plugin.py``.)"""
 
 from __future__ import annotations
 
@@ -128,3 +130,91 @@ def test_the_runs_reward_worker_and_advantage_stage_hand_each_plugin_its_setting
     per_row = (batch.advantages * batch.response_mask).sum(-1) / batch.response_mask.sum(-1)
     # GRPO of (1, 0.25, 1, 0) is (0.83, -0.60, 0.83, -1.06): both signs cut at 0.5
     assert torch.allclose(per_row, torch.tensor([0.5, -0.5, 0.5, -0.5]))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rollout.engine_settings": {"admit_every_steps": 0}},
+     "rollout.engine_settings.admit_every_steps: Input should be greater than or equal to 1, got 0"),
+    ({"rollout.engine_settings": {"prefix_cache": 0}},
+     "rollout.engine_settings.prefix_cache: unknown key; rollout_backend hf takes admit_every_steps, "
+     "prefix_cache_tokens; did you mean prefix_cache_tokens?"),
+    ({"rollout.rollout_backend": "examples.plugins.gpu_offload_engine:build", "cluster.component_placement":
+      {"actor": "0", "rollout": "1", "reward": "0"}, "rollout.engine_settings": {"admit_every_steps": 2}},
+     "rollout.engine_settings: rollout_backend examples.plugins.gpu_offload_engine:build takes no settings (it "
+     "declares no settings model); remove rollout.engine_settings")])
+def test_the_engines_own_keys_are_validated_at_start_up_in_one_line(tmp_path, changes, message):
+    with pytest.raises(ConfigError) as caught:
+        validate_cfg(_config(tmp_path, **changes))
+    assert str(caught.value) == message
+
+
+def test_the_hf_engine_is_built_with_its_settings_and_generates_with_them(tmp_path, tiny_model_dir):
+    """prefix_cache_tokens 0: a trajectory's second turn prefills its whole context again, where the default
+    reuses the first turn's states."""
+    from rlinf_search.data.io_struct import SamplingParams
+    from rlinf_search.workers.rollout.base import build_engine
+
+    reused = {}
+    for settings in ({"admit_every_steps": 2, "prefix_cache_tokens": 0}, None):
+        run = validate_cfg(_config(tmp_path, **{"rollout.model.model_path": str(tiny_model_dir),
+                                                "rollout.engine_settings": settings}))
+        engine = build_engine(run.rollout, device="cpu")
+        expected = settings or {"admit_every_steps": 8, "prefix_cache_tokens": 65536}
+        assert (engine.config.admit_every_steps, engine.config.prefix_cache_tokens) == tuple(expected.values())
+
+        async def two_turns():
+            # every letter and digit stops: the first turn ends at a stop string, which is what leaves states
+            sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3,
+                                      stop=tuple("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"))
+            first = await engine.generate([5, 6, 7, 8, 9, 10], sampling)
+            await engine.generate([5, 6, 7, 8, 9, 10, *first.output_ids, 11, 12], sampling)
+            await engine.aclose()
+            return first
+
+        first = asyncio.run(two_turns())
+        reused[settings is None] = (first.finish_reason, engine.stats.reused_tokens)
+    assert reused[True][0] == reused[False][0] == "stop"
+    assert reused[False][1] == 0 and reused[True][1] > 0
+
+
+class CorrectionSettings(BaseModel):
+    """``agent.protocol_settings`` of ``CustomCorrectionLoop``."""
+
+    correction: str = Field("\nWrite <search> query </search> or <answer> answer </answer>.\n", min_length=1)
+    """What the model reads after a turn with neither tag."""
+
+
+@with_settings(CorrectionSettings)
+class CustomCorrectionLoop(SearchR1AgentLoop):
+    """Search-R1's protocol with a correction of the run's choosing."""
+
+    async def observe_step(self, rollout) -> None:
+        if rollout.action.kind == "search":
+            await super().observe_step(rollout)
+            return
+        rollout.tool_turns += 1
+        self.append_observation(rollout.traj, self._encode(self.config.protocol_settings.correction),
+                                kind="correction")
+
+
+def test_a_protocols_own_keys_reach_the_loop_the_validated_config_builds(tmp_path, tiny_model_dir, search_config):
+    from rlinf_search.agents import build_agent_loop
+
+    with pytest.raises(ConfigError) as caught:
+        validate_cfg(_config(tmp_path, **{"agent.protocol": f"{HERE}:CustomCorrectionLoop",
+                                          "agent.protocol_settings": {"correction": ""}}))
+    assert str(caught.value) == ("agent.protocol_settings.correction: String should have at least 1 character, "
+                                 "got ''")
+    with pytest.raises(ConfigError, match="^agent.protocol_settings: protocol searchr1 takes no settings"):
+        validate_cfg(_config(tmp_path, **{"agent.protocol_settings": {"correction": "x"}}))
+    run = validate_cfg(_config(tmp_path, **{"agent.protocol": f"{HERE}:CustomCorrectionLoop",
+                                            "agent.protocol_settings": {"correction": "\nUse the tags, please.\n"}}))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    record = QARecord(uid="france", prompt="Question: What is the capital of France?\n", golden_answers=["Paris"],
+                      data_source="t", question="What is the capital of France?")
+    loop = build_agent_loop(ScriptedEngine(tokenizer, ["Hmm.", "<answer> Paris </answer>"]),
+                            build_search_tool(search_config), tokenizer, run.agent_loop)
+    traj = asyncio.run(loop.run(record))
+    (correction,) = (span.text for span in traj.spans if span.kind == "correction")
+    assert correction == "\nUse the tags, please.\n" and traj.finish_reason == "answer"
+    assert RewardWorker(run.reward).score([traj])[0].reward == 1.0

@@ -4,6 +4,7 @@ budgets), whatever its protocol."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptTokenizer
@@ -69,6 +70,9 @@ class AgentLoopConfig:
     """``toolcall``: the search tool's OpenAI schema (``tools.search.tool_config``); None: the built-in one."""
     tools: tuple[ToolSpec, ...] = ()
     """``toolcall``: the tools offered beside ``search`` (``tools.access``...)."""
+    protocol_settings: Any = None
+    """``agent.protocol_settings`` validated by the settings model the protocol's loop class declares
+    (``@with_settings``), read by the loop as ``config.protocol_settings``; None for one that declares none."""
 
     def __post_init__(self) -> None:
         check_fields(self, "agentloop")

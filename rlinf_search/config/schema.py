@@ -86,10 +86,10 @@ SCHEMA: dict[str, Any] = merged(section_tree(ActorConfig), section_tree(RunConfi
         "distill.enable": BOOL, **{f"distill.{name}": key for name, key in field_keys(DistillConfig)},
         "distill.teacher": "*"}),
     "agentloop": section_tree(AgentLoopConfig),
-    "agent": {"protocol": STR},
+    "agent": {"protocol": STR, "protocol_settings": "*"},  # checked by the protocol's own settings model
     # search: checked by SearchToolConfig.from_dict (tool_config: config/sections.py); others: config/tools.py
     "tools": "*",
-    "rollout": section_tree(RolloutConfig),
+    "rollout": section_tree(RolloutConfig, also={"engine_settings": "*"}),  # checked by the engine's own model
     "inference": {"group_name": STR, "load_from_actor": BOOL},
     "data": section_tree(PromptLimit, also={"train_data_paths": STRS, "val_data_paths": STRS}),
     # the keys ActorConfig's fields do not declare (they declare theirs from the top: section_tree(ActorConfig) below)

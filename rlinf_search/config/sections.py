@@ -27,7 +27,7 @@ from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Backend, Placement, Topology, validate_placement
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.reward.config import RewardConfig
-from rlinf_search.workers.rollout.base import ROLLOUT_ENGINES, traits_of
+from rlinf_search.workers.rollout.base import ROLLOUT_ENGINES, engine_factory, traits_of
 from rlinf_search.workers.rollout.config import RolloutConfig
 
 # Components a placement may name (the agent loop runs inside the rollout group, so it is not one).
@@ -70,7 +70,9 @@ def rollout_config(raw: dict, sampling: SamplingParams, *, recompute: bool) -> R
         raise ConfigError(f"algorithm.recompute_logprobs: false needs top_k 0 and top_p 1 with rollout_backend "
                           f"{backend}: its log-probs are of the top-k/top-p filtered distribution, the trainer's are "
                           "not")
-    return read_view(raw, RolloutConfig, "rollout")
+    settings = entry_settings(raw, engine_factory(backend), "rollout.engine_settings",
+                              name=f"rollout_backend {backend}")
+    return read_view(raw, RolloutConfig, "rollout", engine_settings=settings)
 
 
 def prompt_limit(raw: dict, *, seq_length: int) -> PromptLimit:
@@ -103,9 +105,10 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit, seq_l
         raise ConfigError(str(exc)) from None
     protocol = get(raw, "agent.protocol", AgentLoopConfig.protocol)
     try:
-        AGENT_PROTOCOLS.resolve(protocol, key="agent.protocol")
+        loop_class = AGENT_PROTOCOLS.resolve(protocol, key="agent.protocol")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    protocol_settings = entry_settings(raw, loop_class, "agent.protocol_settings", name=f"protocol {protocol}")
     if protocol == "toolcall" and not limit.apply_chat_template:
         raise ConfigError("agent.protocol: toolcall renders the tool schema through the chat template; it needs "
                           "data.apply_chat_template: true")
@@ -113,7 +116,8 @@ def agent_loop(raw: dict, sampling: SamplingParams, *, limit: PromptLimit, seq_l
         raw, AgentLoopConfig, "agentloop", max_tokens_per_turn=sampling.max_new_tokens,
         max_response_tokens=seq_length - limit.max_prompt_tokens, topk=search.topk,
         apply_chat_template=limit.apply_chat_template, max_prompt_tokens=limit.max_prompt_tokens,
-        truncation=limit.truncation, sampling=sampling, protocol=protocol, tool_schema=tool_schema,
+        truncation=limit.truncation, sampling=sampling, protocol=protocol, protocol_settings=protocol_settings,
+        tool_schema=tool_schema,
         tools=extra_tools(raw, protocol=protocol, search_addr=search.server_addrs[0], listed=listed,
                           listed_in=section.get("tool_config")))
 

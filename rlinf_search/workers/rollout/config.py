@@ -6,6 +6,7 @@ Each field declares the key it reads (``declared``): its type, range and default
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass
+from typing import Any
 
 from rlinf_search.key_declarations import BOOL, PRECISION, STR, Float, Int, check_fields, declared, dtype_name
 
@@ -37,6 +38,10 @@ class RolloutConfig:
     generator, so a resumed run replays the rollout exactly and a request's tokens do not depend on what it
     was batched with. false: requests draw from the engine's shared generator, which vLLM samples in one
     batched pass (seeded requests take its per-request-generator path); a resume then samples anew."""
+    engine_settings: Any = None
+    """``rollout.engine_settings`` validated by the settings model the engine's factory declares
+    (``@with_settings``; the HF engine's: ``HFEngineSettings``), read by the factory; None for one that declares
+    none."""
 
     def __post_init__(self) -> None:
         if not self.model_path:

@@ -21,9 +21,11 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlinf_search.agents.engine import check_request
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
+from rlinf_search.plugin_settings import with_settings
 from rlinf_search.workers.offload import move_module
 from rlinf_search.workers.rollout.hf_cache import cache_kwargs
 from rlinf_search.workers.rollout.kv_room import with_room
@@ -366,7 +368,23 @@ class HFGenerationEngine:
         return None
 
 
+class HFEngineSettings(BaseModel):
+    """``rollout.engine_settings`` of ``rollout_backend: hf``: its own tunables, defaults ``HFEngineConfig``'s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admit_every_steps: int = Field(HFEngineConfig.admit_every_steps, ge=1)
+    """Waiting requests join the running batch at least this often, in decode steps."""
+    prefix_cache_tokens: int = Field(HFEngineConfig.prefix_cache_tokens, ge=0)
+    """Most tokens whose key/value states are kept between a trajectory's turns; 0: every turn prefills its whole
+    context."""
+
+
+@with_settings(HFEngineSettings)
 def build_hf_engine(config: RolloutConfig, *, device: str | None = None, seed: int = 0) -> HFGenerationEngine:
     """``rollout.rollout_backend: hf``."""
+    own = config.engine_settings or HFEngineSettings()
     return HFGenerationEngine(HFEngineConfig(config.model_path, device=device, dtype=config.dtype,
-                                             max_batch_size=config.max_running_requests, seed=seed))
+                                             max_batch_size=config.max_running_requests, seed=seed,
+                                             admit_every_steps=own.admit_every_steps,
+                                             prefix_cache_tokens=own.prefix_cache_tokens))
