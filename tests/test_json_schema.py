@@ -83,3 +83,16 @@ def test_an_out_of_range_number_is_refused_at_its_path(path, key):
 def test_a_value_of_the_wrong_type_is_refused_at_its_path(path, key):
     for value in WRONG_TYPE[key.kind]:
         assert any(error.startswith(f"{path}: ") for error in _errors(_with(path, value))), (path, value)
+
+
+def test_a_registered_tools_section_takes_the_keys_of_its_settings_model():
+    """``tools.access``: its settings model's keys with their ranges, beside ``class`` and ``enable``."""
+    assert _errors({"tools": {"access": {"max_page_tokens": 200, "timeout_s": 5, "enable": True}}}) == []
+    assert _errors({"tools": {"access": {"max_page_tokens": 0}}}) == [
+        "tools.access.max_page_tokens: 0 is not valid under any of the given schemas"]
+    assert _errors({"tools": {"access": {"pages": 3}}}) == [
+        "tools.access: Additional properties are not allowed ('pages' was unexpected)"]
+    assert _errors({"tools": {"my_tool": {"class": "my_package.tools:MyTool", "anything": 1}}}) == [], \
+        "a tool named by dotted path keeps an open section: its model is not known before the run imports it"
+    description = TRAINING["properties"]["tools"]["properties"]["access"]["properties"]["max_page_tokens"]
+    assert "longer than this many tokens is cut" in description["description"]

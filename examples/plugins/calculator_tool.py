@@ -51,7 +51,7 @@ MAX_BITS = 1024
 class CalculatorSettings(BaseModel):
     """``tools.calculate``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     decimals: int = Field(6, ge=0, le=12)
     """Digits after the point a result is rounded to (an integral result is written without them)."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from rlinf_search.agents.tools import TOOLS
 from rlinf_search.key_declarations import Key, field_keys
+from rlinf_search.plugin_settings import settings_model
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 INTERPOLATION = {"type": "string", "pattern": r"^.*\$\{.+\}.*$"}
@@ -50,6 +52,20 @@ def _dataclass_section(cls) -> dict[str, Any]:
     return _closed({f.name: key_schema(declared[f.name]) if f.name in declared else {} for f in fields(cls)})
 
 
+def _tool_section(name: str, open_section: dict[str, Any]) -> dict[str, Any] | None:
+    """``tools.<name>`` of a registered tool: ``class``, ``enable`` and the keys of the settings model it declares,
+    each with its type and range (None where the model's schema needs definitions of its own: the open section
+    then stands)."""
+    model = settings_model(TOOLS.resolve(name))
+    own = model.model_json_schema() if model is not None else {"properties": {}}
+    if "$defs" in own:
+        return None
+    keys = {key: {"anyOf": [value, {"type": "null"}, INTERPOLATION],
+                  **({"description": value["description"]} if "description" in value else {})}
+            for key, value in own["properties"].items()}
+    return _closed({**open_section["properties"], **keys})
+
+
 def _closed(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": ["object", "null"], "properties": properties, "additionalProperties": False}
 
@@ -73,8 +89,10 @@ def config_json_schema(schema: dict[str, Any], *, title: str) -> dict[str, Any]:
     tool = {"type": ["object", "null"], "properties": {"class": {"type": "string"}, "enable": {"type": "boolean"}},
             "description": "a tool beside search: class (a dotted path, else the registered tool of this name), "
                            "enable, and the tool's own settings"}
-    open_sections["tools"] = {"type": ["object", "null"], "properties": {"search": open_sections.pop("tools.search")},
-                              "additionalProperties": tool}
+    registered = {name: _tool_section(name, tool) for name in TOOLS.names()}  # a dotted-path tool: the open one
+    open_sections["tools"] = {"type": ["object", "null"], "additionalProperties": tool,
+                              "properties": {"search": open_sections.pop("tools.search"),
+                                             **{name: section for name, section in registered.items() if section}}}
     out = _node(schema, "", open_sections)
     out["properties"]["defaults"] = {"type": "array", "description": "Hydra's defaults list (config groups)"}
     return {"$schema": DRAFT, "title": title, **out, "type": "object"}

@@ -42,7 +42,7 @@ ACCESS_SCHEMA = {
 class AccessSettings(BaseModel):
     """``tools.access``, validated at start-up (``plugin_settings.read_settings``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     server_addr: str
     """``host:port`` of the retrieval server whose ``/access`` serves the pages."""

@@ -371,7 +371,7 @@ class HFGenerationEngine:
 class HFEngineSettings(BaseModel):
     """``rollout.engine_settings`` of ``rollout_backend: hf``: its own tunables, defaults ``HFEngineConfig``'s."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     admit_every_steps: int = Field(HFEngineConfig.admit_every_steps, ge=1)
     """Waiting requests join the running batch at least this often, in decode steps."""
