@@ -82,6 +82,31 @@ def test_each_request_stops_at_its_own_stop_string(engine):
     assert none.finish_reason == "length" and none.output_ids == free.output_ids
 
 
+def test_the_per_token_stop_precheck_finds_every_stop_the_full_check_finds(engine):
+    """Only a token whose text holds a stop's last character is decoded with the row's tail; seeded requests (the
+    same tokens in any batch) end exactly as they do when every token is checked."""
+    prompt = _prompt(engine, "Demon Dice, originally published as")
+    free = asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=24, greedy=True, stop_at_eos=False)))
+    text = engine.tokenizer.decode(free.output_ids)
+    stops = tuple(dict.fromkeys(text[i - 2:i] for i in range(2, len(text)) if text[i - 1].isalnum()))[:6]
+    requests = [SamplingParams(max_new_tokens=24, temperature=1.5, seed=seed, stop=stops, stop_at_eos=False)
+                for seed in range(16)]
+
+    async def run():
+        return [(o.output_ids, o.finish_reason, o.stop_string)
+                for o in await asyncio.gather(*(engine.generate(prompt, s) for s in requests))]
+
+    prechecked = run_all = asyncio.run(run())
+    assert engine._stop_enders[stops], "the stops end in ASCII characters: the precheck is on"
+    engine._stop_enders[stops] = ()  # every token checked, as without the precheck
+    try:
+        run_all = asyncio.run(run())
+    finally:
+        del engine._stop_enders[stops]
+    assert prechecked == run_all
+    assert sum(reason == "stop" for _, reason, _ in prechecked) >= 4, "the case is exercised"
+
+
 def test_requests_arriving_mid_decode_join_the_running_batch(engine):
     prompt = _prompt(engine, "Haymo of Faversham")
 

@@ -88,9 +88,11 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
+    def result(self, finish_reason: str, stop_string: str | None = None) -> GenerationOutput:
+        return GenerationOutput(list(self.output_ids), list(self.logprobs), finish_reason, stop_string)
+
     def resolve(self, finish_reason: str, stop_string: str | None = None) -> None:
-        result = GenerationOutput(list(self.output_ids), list(self.logprobs), finish_reason, stop_string)
-        self.loop.call_soon_threadsafe(_set_result, self.future, result)
+        self.loop.call_soon_threadsafe(_set_result, self.future, self.result(finish_reason, stop_string))
 
     def fail(self, exc: BaseException) -> None:
         self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
@@ -99,6 +101,21 @@ class _Request:
 def _set_result(future: asyncio.Future, result) -> None:
     if not future.done():  # the caller may have been cancelled
         future.set_result(result)
+
+
+def _set_results(answers: list[tuple[asyncio.Future, GenerationOutput]]) -> None:
+    for future, result in answers:
+        _set_result(future, result)
+
+
+def _answer(finished: list[tuple[_Request, GenerationOutput]]) -> None:
+    """Hand each finished request its result, with one wake-up per event loop: a wake-up per request costs the
+    engine thread a pipe write and the loop's thread a turn at the interpreter lock, every step."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for request, result in finished:
+        by_loop.setdefault(request.loop, []).append((request.future, result))
+    for loop, answers in by_loop.items():
+        loop.call_soon_threadsafe(_set_results, answers)
 
 
 def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
@@ -138,6 +155,7 @@ class HFGenerationEngine:
         self._abort_below = 0  # requests of an earlier epoch end at the next token boundary
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
+        self._stop_enders: dict[tuple[str, ...], tuple[bool, ...]] = {}  # per stop set: token id -> can end one
 
     def _end_token_ids(self) -> frozenset[int]:
         ids = set()
@@ -324,17 +342,18 @@ class HFGenerationEngine:
         tokens, logprobs = sample_next_tokens(logits, [r.sampling for r in batch.requests],
                                               [r.generator for r in batch.requests])
         self.stats.generated_tokens += len(batch)
-        keep = []
-        for row, request in enumerate(batch.requests):
-            request.output_ids.append(int(tokens[row]))
-            request.logprobs.append(float(logprobs[row]))
+        keep, finished = [], []
+        for row, (request, token, logprob) in enumerate(zip(batch.requests, tokens.tolist(), logprobs.tolist())):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
             finish = self._finish_reason(request)
             if finish is None:
                 keep.append(row)
             else:
                 if finish[0] == "stop":  # a tool call follows: the next turn will start with this context
                     self._keep_prefix(batch, row, request)
-                request.resolve(*finish)
+                finished.append((request, request.result(*finish)))
+        _answer(finished)
         batch.pending = tokens
         if not keep:
             return None
@@ -351,11 +370,27 @@ class HFGenerationEngine:
             return
         self.prefix_cache.store(ids, *row_states(batch.cache, batch.mask, row))
 
+    def _may_end_stop(self, stops: tuple[str, ...], token: int) -> bool:
+        """Whether ``token`` can complete one of ``stops``: only a token whose text holds a stop's last character
+        can, so the others skip decoding the row's tail (most rows, most steps). Known per token once per set of
+        stops; a stop ending in a non-ASCII or space character (which a token's text alone may not show) is always
+        checked."""
+        stops = tuple(stops)
+        enders = self._stop_enders.get(stops)
+        if enders is None:
+            last = {stop[-1] for stop in stops if stop}
+            if not last or any(not char.isascii() or char.isspace() for char in last):
+                enders = self._stop_enders[stops] = ()
+            else:
+                texts = self.tokenizer.batch_decode([[token_id] for token_id in range(len(self.tokenizer))])
+                enders = self._stop_enders[stops] = tuple(any(char in text for char in last) for text in texts)
+        return not enders or token >= len(enders) or enders[token]
+
     def _finish_reason(self, request: _Request) -> tuple[str, str | None] | None:
         sampling = request.sampling
         if sampling.stop_at_eos and request.output_ids[-1] in self.eos_ids:
             return ("eos", None)
-        if sampling.stop:
+        if sampling.stop and self._may_end_stop(sampling.stop, request.output_ids[-1]):
             # A stop string that just completed lies within the last len(stop)+1 tokens: every
             # token carries at least one of its characters. Earlier text was checked at earlier steps.
             window = max(len(s) for s in sampling.stop) + 1
