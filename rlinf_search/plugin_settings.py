@@ -1,7 +1,8 @@
 """Settings a plugin brings: a registry entry (a policy loss, an advantage estimator, a reward score, a tool, an agent
 protocol, a rollout engine) may declare a pydantic model of keys of its own, which start-up validates from the
 config with the same one-line errors as every other key, and hands to the entry (a loss and a score with each call,
-an estimator in its inputs, a tool when a rollout rank builds it, a protocol and an engine in their config). A user's plugin named by dotted path declares its model the same way, in its own file:
+an estimator in its inputs, a tool when a rollout rank builds it, a protocol and an engine in their config). A
+user's plugin named by dotted path declares its model the same way, in its own file:
 
     class ClipSettings(pydantic.BaseModel):
         truncation: float = pydantic.Field(4.0, gt=1)

@@ -4,7 +4,8 @@
 class registered here under the name that ``tools.<name>`` configures it by (or, for a user's tool, named by a
 dotted path in ``tools.<name>.class``), with a class attribute ``schema``, a settings model declared with
 ``plugin_settings.with_settings`` (validated at start-up) and a constructor ``(settings, *, tokenizer)`` that gets
-the validated model; the rollout ranks build one per rollout call. Adding a tool takes its module, one line below, and its test (docs/agents.md).
+the validated model; the rollout ranks build one per rollout call. Adding a tool takes its module, one line below,
+and its test (docs/agents.md).
 """
 
 from __future__ import annotations
