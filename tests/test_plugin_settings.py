@@ -89,7 +89,16 @@ def _config(tmp_path, **changes):
      "you mean wrong_answer_credit?"),
     ({"reward.score_settings": {"wrong_answer_credit": 0.1}},
      "reward.score_settings: score em takes no settings (it declares no settings model); remove "
-     "reward.score_settings")])
+     "reward.score_settings"),
+    ({"rollout.engine_settings": {"admit_every_steps": 0}},
+     "rollout.engine_settings.admit_every_steps: Input should be greater than or equal to 1, got 0"),
+    ({"rollout.engine_settings": {"prefix_cache": 0}},
+     "rollout.engine_settings.prefix_cache: unknown key; rollout_backend hf takes admit_every_steps, "
+     "prefix_cache_tokens; did you mean prefix_cache_tokens?"),
+    ({"rollout.rollout_backend": "examples.plugins.gpu_offload_engine:build", "cluster.component_placement":
+      {"actor": "0", "rollout": "1", "reward": "0"}, "rollout.engine_settings": {"admit_every_steps": 2}},
+     "rollout.engine_settings: rollout_backend examples.plugins.gpu_offload_engine:build takes no settings (it "
+     "declares no settings model); remove rollout.engine_settings")])
 def test_each_plugins_own_keys_are_validated_at_start_up_in_one_line(tmp_path, changes, message):
     with pytest.raises(ConfigError) as caught:
         validate_cfg(_config(tmp_path, **changes))
@@ -130,22 +139,6 @@ def test_the_runs_reward_worker_and_advantage_stage_hand_each_plugin_its_setting
     per_row = (batch.advantages * batch.response_mask).sum(-1) / batch.response_mask.sum(-1)
     # GRPO of (1, 0.25, 1, 0) is (0.83, -0.60, 0.83, -1.06): both signs cut at 0.5
     assert torch.allclose(per_row, torch.tensor([0.5, -0.5, 0.5, -0.5]))
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({"rollout.engine_settings": {"admit_every_steps": 0}},
-     "rollout.engine_settings.admit_every_steps: Input should be greater than or equal to 1, got 0"),
-    ({"rollout.engine_settings": {"prefix_cache": 0}},
-     "rollout.engine_settings.prefix_cache: unknown key; rollout_backend hf takes admit_every_steps, "
-     "prefix_cache_tokens; did you mean prefix_cache_tokens?"),
-    ({"rollout.rollout_backend": "examples.plugins.gpu_offload_engine:build", "cluster.component_placement":
-      {"actor": "0", "rollout": "1", "reward": "0"}, "rollout.engine_settings": {"admit_every_steps": 2}},
-     "rollout.engine_settings: rollout_backend examples.plugins.gpu_offload_engine:build takes no settings (it "
-     "declares no settings model); remove rollout.engine_settings")])
-def test_the_engines_own_keys_are_validated_at_start_up_in_one_line(tmp_path, changes, message):
-    with pytest.raises(ConfigError) as caught:
-        validate_cfg(_config(tmp_path, **changes))
-    assert str(caught.value) == message
 
 
 def test_the_hf_engine_is_built_with_its_settings_and_generates_with_them(tmp_path, tiny_model_dir):

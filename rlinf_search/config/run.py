@@ -207,7 +207,7 @@ def validate_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None) -> 
         raise ConfigError(str(exc)) from None
     return read_view(
         raw, RunConfig, "", cluster=cluster, placement=placement, runner=runner, total_steps=total_steps, actor=actor,
-        adv_settings=adv_settings, agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths, val_data_paths=val_paths,
-        inference=inference, logprobs=logprobs, prompt_limit=limit, reward=reward, critic=critic,
+        adv_settings=adv_settings, agent_loop=loop, search=search, rollout=rollout, train_data_paths=train_paths,
+        val_data_paths=val_paths, inference=inference, logprobs=logprobs, prompt_limit=limit, reward=reward, critic=critic,
         actor_group=groups["actor"], rollout_group=groups["rollout"], reward_group=groups["reward"],
         distill=distill_config(raw, temperature=sampling.temperature), monitors=monitors, settings=raw)

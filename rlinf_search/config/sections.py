@@ -194,10 +194,6 @@ def data_paths(raw: dict, key: str, *, required: bool, files: FileChecks | None 
 def reward_config(raw: dict) -> RewardConfig:
     """``reward``: the score, checked to resolve, its own settings (``reward.score_settings``) and its scale
     (``reward.reward_type``, the one reward family, is declared)."""
-    score = get(raw, "reward.score", RewardConfig.score)
-    try:
-        entry = REWARDS.resolve(score, key="reward.score")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return read_view(raw, RewardConfig, "reward",
-                     score_settings=entry_settings(raw, entry, "reward.score_settings", name=f"score {score}"))
+    reward = read_view(raw, RewardConfig, "reward")  # resolves reward.score, or says which names it takes
+    return replace(reward, score_settings=entry_settings(raw, REWARDS.resolve(reward.score), "reward.score_settings",
+                                                         name=f"score {reward.score}"))

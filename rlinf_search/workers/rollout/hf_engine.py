@@ -156,6 +156,7 @@ class HFGenerationEngine:
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
         self._stop_enders: dict[tuple[str, ...], tuple[bool, ...]] = {}  # per stop set: token id -> can end one
+        self._texts: list[str] | None = None  # each token id's text, for the stop sets' tables
 
     def _end_token_ids(self) -> frozenset[int]:
         ids = set()
@@ -382,9 +383,15 @@ class HFGenerationEngine:
             if not last or any(not char.isascii() or char.isspace() for char in last):
                 enders = self._stop_enders[stops] = ()
             else:
-                texts = self.tokenizer.batch_decode([[token_id] for token_id in range(len(self.tokenizer))])
-                enders = self._stop_enders[stops] = tuple(any(char in text for char in last) for text in texts)
+                enders = self._stop_enders[stops] = tuple(any(char in text for char in last)
+                                                          for text in self._token_texts())
         return not enders or token >= len(enders) or enders[token]
+
+    def _token_texts(self) -> list[str]:
+        """Each token id's text on its own, decoded once per engine (every stop set reads it)."""
+        if self._texts is None:
+            self._texts = self.tokenizer.batch_decode([[token_id] for token_id in range(len(self.tokenizer))])
+        return self._texts
 
     def _finish_reason(self, request: _Request) -> tuple[str, str | None] | None:
         sampling = request.sampling
