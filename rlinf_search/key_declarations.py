@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, TypeVar
+from types import UnionType
+from typing import Any, Callable, Literal, TypeVar, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 T = TypeVar("T")
 
@@ -214,8 +218,54 @@ def declared(default: Any, key: Key, *, at: str | None = None, convert: Callable
 
 
 def field_keys(cls) -> list[tuple[str, Key]]:
-    """(config key, ``Key``) of every declared field of the dataclass ``cls``: the field's ``at``, else its name."""
+    """(config key, ``Key``) of every declared field of the dataclass ``cls``: the field's ``at``, else its name; of
+    a pydantic section model (``section_model.ConfigSection``), every scalar field, described by ``key_of``."""
+    if _is_model(cls):
+        return [(name, key) for name, info in cls.model_fields.items() if (key := key_of(info)) is not None]
     return [(_config_key(f), f.metadata["key"]) for f in fields(cls) if "key" in f.metadata]
+
+
+def field_defaults(cls) -> list[tuple[str, Any, str | None]]:
+    """(config key, default, ``default_words``) of every field ``field_keys`` lists: ``MISSING`` for a required
+    one; ``default_words`` where the docs state a default computed from other keys."""
+    if _is_model(cls):
+        out = []
+        for name, info in cls.model_fields.items():
+            if key_of(info) is None:
+                continue
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            out.append((name, MISSING if info.is_required() else info.default, extra.get("default_words")))
+        return out
+    return [(_config_key(f), f.default, f.metadata.get("default_words")) for f in fields(cls) if "key" in f.metadata]
+
+
+def _is_model(cls) -> bool:
+    return isinstance(cls, type) and issubclass(cls, BaseModel)
+
+
+def key_of(info: FieldInfo) -> Key | None:
+    """A pydantic field's type and range as a ``Key`` (what the docs, the fuzz test and the JSON Schema read), or
+    None for a field that is not a scalar, a list of strings or a choice (a nested section, a free mapping) and for
+    one computed from another key (``json_schema_extra={"set_from": <key>}``)."""
+    union = get_origin(info.annotation) in (Union, UnionType)
+    kinds = [arg for arg in (get_args(info.annotation) if union else (info.annotation,)) if arg is not type(None)]
+    if len(kinds) != 1:
+        return None
+    kind, extra = kinds[0], info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "set_from" in extra:  # computed from another key at start-up, not a key of this section
+        return None
+    if get_origin(kind) is Literal:
+        return Key("str", choices=tuple(get_args(kind)))
+    if get_origin(kind) is tuple and get_args(kind)[:1] == (str,):
+        return Key("list")
+    if kind not in (bool, int, float, str):
+        return None
+    bounds = {type(item).__name__: item for item in info.metadata}
+    low, high = bounds.get("Gt") or bounds.get("Ge"), bounds.get("Lt") or bounds.get("Le")
+    return Key(kind.__name__, low=getattr(low, "gt", getattr(low, "ge", None)),
+               high=getattr(high, "lt", getattr(high, "le", None)), low_open="Gt" in bounds, high_open="Lt" in bounds,
+               unbounded=extra.get("unbounded"), relation=extra.get("relation", ""),
+               also=tuple(tuple(pair) for pair in extra.get("also", ())))
 
 
 def _joined(path: str, key: str) -> str:
@@ -260,7 +310,12 @@ def merged(*trees: dict[str, Any]) -> dict[str, Any]:
 def from_section(cls: type[T], section: dict | None, *, path: str, **given: Any) -> T:
     """``cls`` built from the config ``section`` at ``path`` that its declared fields read (values checked by
     ``check_values`` before this runs; null or absent: the field's default, and a ``ValueError`` naming the key for a
-    required one), with ``given`` for the fields computed from other keys."""
+    required one), with ``given`` for the fields computed from other keys. A pydantic section model validates the
+    section itself (``section_model.parse_section``)."""
+    if _is_model(cls):
+        from rlinf_search.section_model import parse_section
+
+        return parse_section(cls, {**(section or {}), **given}, path=path)
     values: dict[str, Any] = {}
     for f in fields(cls):
         if "key" not in f.metadata or f.name in given:

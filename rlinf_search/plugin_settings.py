@@ -23,6 +23,8 @@ from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from rlinf_search.section_model import error_line
+
 T = TypeVar("T")
 
 SETTINGS_ATTRIBUTE = "settings_model"
@@ -67,6 +69,4 @@ def read_settings(entry: Any, section: Any, *, path: str, name: str) -> BaseMode
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join([path, *(str(part) for part in error["loc"])])
-        raise ValueError(f"{where}: {error['msg']}, got {error.get('input')!r}") from None
+        raise ValueError(error_line(exc, path, model)) from None

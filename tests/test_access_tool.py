@@ -119,7 +119,7 @@ def test_the_run_config_offers_access_with_the_search_server_and_refuses_what_ca
     OmegaConf.update(cfg, "tools.access.enable", False)
     assert validate_cfg(cfg).agent_loop.tools == ()
     for changes, message in [({"tools.access": {"max_page_tokens": 0}},
-                              r"tools.access.max_page_tokens: Input should be greater than or equal to 1, got 0"),
+                              r"tools.access.max_page_tokens must be >= 1, got 0"),
                              ({"tools.access": {"pages": 3}}, "tools.access.pages: unknown key; tool access takes "
                               "max_page_tokens, server_addr, timeout_s"),
                              ({"tools.access": {"timeout_s": "soon"}}, "tools.access.timeout_s: Input should be a "

@@ -21,7 +21,7 @@ import rlinf_search.config as config_package
 from rlinf_search.config.eval import EVAL_SCHEMA
 from rlinf_search.key_declarations import PRECISIONS
 from rlinf_search.config.schema import SCHEMA, VIEW_SECTIONS
-from rlinf_search.key_declarations import field_keys
+from rlinf_search.key_declarations import field_defaults, field_keys
 from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,11 +176,10 @@ def _default_values() -> dict[str, object]:
         values[read.key] = eval(compile(ast.Expression(read.default), read.where, "eval"),  # noqa: S307
                                 dict(namespaces[read.module]))
     for section, cls in VIEW_SECTIONS:
-        for f in dataclasses.fields(cls):
-            if "key" in f.metadata and f.default is not dataclasses.MISSING:
-                words = f.metadata.get("default_words")
-                key = f"{section}.{f.metadata.get('at') or f.name}".lstrip(".")
-                values[key] = f.default if words is None else _as_value(words, key)
+        for name, default, words in field_defaults(cls):
+            if default is not dataclasses.MISSING:
+                key = f"{section}.{name}".lstrip(".")
+                values[key] = default if words is None else _as_value(words, key)
     return values
 
 

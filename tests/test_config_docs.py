@@ -25,7 +25,7 @@ TINY = ROOT / "examples" / "searchr1" / "config" / "tiny-cpu.yaml"
 
 
 def _names(config) -> list[str]:
-    return [field.name for field in fields(config)]
+    return list(config.model_fields)
 
 
 # SCHEMA leaves these open ("*"); the dataclasses that check each one name its keys. ``tools`` holds the search

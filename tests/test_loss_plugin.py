@@ -29,7 +29,7 @@ def _config(**changes):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"truncation": 1.0}, "algorithm.policy_loss_settings.truncation: Input should be greater than 1, got 1.0"),
+    ({"truncation": 1.0}, "algorithm.policy_loss_settings.truncation must be > 1, got 1.0"),
     ({"truncation": "high"}, "algorithm.policy_loss_settings.truncation: Input should be a valid number, unable to "
                              "parse string as a number, got 'high'"),
     ({"trunaction": 3.0}, "algorithm.policy_loss_settings.trunaction: unknown key; policy_loss "

@@ -166,9 +166,9 @@ def test_topology_from_config_uses_cpu_slots_or_gpus():
     ({"num_cpus": 0}, "cluster.num_cpus must be >= 1, got 0"),
     ({"address": "auto", "num_cpus": 2},
      "cluster.num_cpus only sizes the embedded Ray; a cluster joined at cluster.address (auto) has its own CPU count"),
-    ({"component_placment": {}}, "cluster.component_placment: unknown key; the cluster section takes address, "
+    ({"component_placment": {}}, "cluster.component_placment: unknown key; cluster takes address, "
                                  "component_placement, cpu_slots_per_node, max_restarts, node_groups, num_cpus, "
-                                 "num_gpus_per_node, num_nodes"),
+                                 "num_gpus_per_node, num_nodes; did you mean component_placement?"),
     ({"num_gpus_per_node": 0}, "cluster.num_gpus_per_node must be >= 1, got 0"),
     ({"num_nodes": 2, "node_groups": {"a10": {"nodes": "1-2"}}},
      "cluster.node_groups.a10.nodes: node 2 exceeds the 2 nodes of this cluster"),

@@ -76,14 +76,14 @@ def _config(tmp_path, **changes):
 
 @pytest.mark.parametrize("changes, message", [
     ({"algorithm.adv_type": f"{HERE}:capped_grpo", "algorithm.adv_settings": {"cap": 0}},
-     "algorithm.adv_settings.cap: Input should be greater than 0, got 0"),
+     "algorithm.adv_settings.cap must be > 0, got 0"),
     ({"algorithm.adv_type": f"{HERE}:capped_grpo", "algorithm.adv_settings": {"clip": 1}},
      f"algorithm.adv_settings.clip: unknown key; adv_type {HERE}:capped_grpo takes cap"),
     ({"algorithm.adv_settings": {"cap": 1}},
      "algorithm.adv_settings: adv_type grpo takes no settings (it declares no settings model); remove "
      "algorithm.adv_settings"),
     ({"reward.score": f"{HERE}:em_with_credit", "reward.score_settings": {"wrong_answer_credit": 2}},
-     "reward.score_settings.wrong_answer_credit: Input should be less than or equal to 1, got 2"),
+     "reward.score_settings.wrong_answer_credit must be in [0, 1], got 2"),
     ({"reward.score": f"{HERE}:em_with_credit", "reward.score_settings": {"wrong_answer": 0.1}},
      f"reward.score_settings.wrong_answer: unknown key; score {HERE}:em_with_credit takes wrong_answer_credit; did "
      "you mean wrong_answer_credit?"),
@@ -91,7 +91,7 @@ def _config(tmp_path, **changes):
      "reward.score_settings: score em takes no settings (it declares no settings model); remove "
      "reward.score_settings"),
     ({"rollout.engine_settings": {"admit_every_steps": 0}},
-     "rollout.engine_settings.admit_every_steps: Input should be greater than or equal to 1, got 0"),
+     "rollout.engine_settings.admit_every_steps must be >= 1, got 0"),
     ({"rollout.engine_settings": {"prefix_cache": 0}},
      "rollout.engine_settings.prefix_cache: unknown key; rollout_backend hf takes admit_every_steps, "
      "prefix_cache_tokens; did you mean prefix_cache_tokens?"),

@@ -386,7 +386,7 @@ def test_serper_request_shape_mapping_and_key_never_leaks(monkeypatch, caplog):
     assert "HTTP 403" in forbidden.error and "<redacted>" in forbidden.error
     assert boom.error.endswith("after 2 attempts (HTTP 500)")
     exposed = [caplog.text, repr(client), repr(client.backend), str(vars(client.backend)), repr(cfg),
-               str(dataclasses.asdict(cfg)), str(client.metrics.snapshot()), forbidden.error, boom.error,
+               str(cfg.model_dump()), str(client.metrics.snapshot()), forbidden.error, boom.error,
                format_observation(forbidden, max_passage_tokens=50)]
     assert all(SERPER_KEY not in text for text in exposed)
     assert "quer" in caplog.text, "the failures were logged (without the key)"

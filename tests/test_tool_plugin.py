@@ -38,7 +38,7 @@ def _config(tmp_path, **changes):
 
 @pytest.mark.parametrize("section, message", [
     ({"class": TOOL, "decimals": 20},
-     "tools.calculate.decimals: Input should be less than or equal to 12, got 20"),
+     "tools.calculate.decimals must be in [0, 12], got 20"),
     ({"class": TOOL, "max_chars": "long"},
      "tools.calculate.max_chars: Input should be a valid integer, unable to parse string as an integer, got 'long'"),
     ({"class": TOOL, "decimal": 2},

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING
 from pathlib import Path
 
 import yaml
@@ -53,9 +53,10 @@ def declared_defaults() -> dict[str, str]:
     """The default cell of every key a view's field declares (``schema.VIEW_SECTIONS``): its ``default_words``, else
     its default written as a cell."""
     from rlinf_search.config.schema import VIEW_SECTIONS
+    from rlinf_search.key_declarations import field_defaults
 
-    return {f"{section}.{f.metadata.get('at') or f.name}".lstrip("."): f.metadata["default_words"] or default_cell(
-        f.default) for section, cls in VIEW_SECTIONS for f in fields(cls) if "key" in f.metadata}
+    return {f"{section}.{name}".lstrip("."): words or default_cell(default)
+            for section, cls in VIEW_SECTIONS for name, default, words in field_defaults(cls)}
 
 
 def rewritten(text: str) -> tuple[str, list[str]]:

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                              "employer without it; docs/history/results.md)")
     parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
-    parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)
+    parser.add_argument("--topk", type=int, default=SearchToolConfig.model_fields["topk"].default)
     parser.add_argument("--max-turns", type=int, default=AgentLoopConfig.max_turns)
     parser.add_argument("--max-passage-tokens", type=int, default=48)
     parser.add_argument("--max-obs-tokens", type=int, default=160)

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-obs-tokens", type=int, default=160)
     parser.add_argument("--max-passage-tokens", type=int, default=48)
-    parser.add_argument("--topk", type=int, default=SearchToolConfig.topk)
+    parser.add_argument("--topk", type=int, default=SearchToolConfig.model_fields["topk"].default)
     parser.add_argument("--out", type=Path, help="also write the result here as json")
     args = parser.parse_args(argv)
     try:

@@ -40,7 +40,7 @@ class AgentLoopConfig:
     """Each retrieved passage is cut to this many tokens before formatting."""
     max_response_tokens: int = 2048
     """Most tokens after the prompt (model and observation tokens together)."""
-    topk: int = SearchToolConfig.topk
+    topk: int = SearchToolConfig.model_fields["topk"].default
     """Passages per search."""
     infra_reruns: int = declared(2, Int(ge=0))
     """Times a GRPO group is rolled out again when a sample's tool call failed for an infrastructure reason

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rlinf_search.config.readers import get, get_bool, get_section
 from rlinf_search.config.schema import ConfigError
-from rlinf_search.distill.config import DistillConfig, TeacherConfig
+from rlinf_search.distill.config import DistillConfig
+from rlinf_search.section_model import parse_section
 
 # ``algorithm.distill.enable``: a run distils only when asked to.
 DISTILL_BY_DEFAULT = False
@@ -25,15 +26,16 @@ def distill_config(raw: dict, *, temperature: float) -> DistillConfig | None:
                           "request asks for, so teacher and student log-probs would be of different distributions")
     for key in ("top_k_coef", "top_k_divergence"):
         if get(raw, f"algorithm.distill.{key}") is not None and not get(raw, "algorithm.distill.top_k",
-                                                                        DistillConfig.top_k):
+                                                                        DistillConfig.model_fields["top_k"].default):
             raise ConfigError(f"algorithm.distill.{key}: read only with algorithm.distill.top_k > 0")
     teacher = get(raw, "algorithm.distill.teacher", {})
     if not isinstance(teacher, dict):
         raise ConfigError(f"algorithm.distill.teacher: expected a section of keys, got {type(teacher).__name__}")
-    # The section's keys are DistillConfig's declared fields, checked by their declarations already; null: default.
+    # enable is read above and top_k_divergence by the loss (PolicyLossConfig); the rest is DistillConfig's.
     settings = {key: value for key, value in get_section(raw, "algorithm.distill").items()
-                if key not in ("enable", "teacher", "top_k_divergence")}
+                if key not in ("enable", "top_k_divergence")}
     try:
-        return DistillConfig(teacher=TeacherConfig.from_dict(teacher), temperature=temperature, **settings)
+        return parse_section(DistillConfig, {**settings, "teacher": teacher, "temperature": temperature},
+                             path="algorithm.distill")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -10,7 +10,6 @@ RLinf's and verl's own keys, which a run maps before it validates, are not in it
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from rlinf_search.agents.tools import TOOLS
@@ -47,9 +46,9 @@ def key_schema(key: Key) -> dict[str, Any]:
 
 
 def _dataclass_section(cls) -> dict[str, Any]:
-    """An open section read into ``cls``: each field a key, the declared ones with their ``Key``."""
+    """An open section read into the section model ``cls``: each field a key, the scalar ones with their ``Key``."""
     declared = dict(field_keys(cls))
-    return _closed({f.name: key_schema(declared[f.name]) if f.name in declared else {} for f in fields(cls)})
+    return _closed({name: key_schema(declared[name]) if name in declared else {} for name in cls.model_fields})
 
 
 def _tool_section(name: str, open_section: dict[str, Any]) -> dict[str, Any] | None:

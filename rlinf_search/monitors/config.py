@@ -7,40 +7,41 @@ The defaults never fired on the demo's healthy runs and fire on a run driven to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import Field
 
-from rlinf_search.key_declarations import BOOL, STRS, Float, Int, declared
+from rlinf_search.section_model import ConfigSection
 
 
-@dataclass(frozen=True, kw_only=True)
-class MonitorsConfig:
+class MonitorsConfig(ConfigSection):
     """``monitors``: when each collapse monitor fires, and which firings stop the run."""
 
-    enabled: bool = declared(True, BOOL)
+    config_path = "monitors"
+
+    enabled: bool = True
     """Watch the run (a line when a monitor fires; ``monitor/<name>`` in the metrics)."""
-    stop_on: tuple[str, ...] = declared((), STRS, convert=tuple)
+    stop_on: tuple[str, ...] = ()
     """Monitors whose firing stops the run before that step's checkpoint is written (``all``: every one). The
     last checkpoint before the collapse stays; the stop line names it."""
-    baseline_steps: int = declared(3, Int(ge=1))
+    baseline_steps: int = Field(3, ge=1)
     """Steps whose mean is a relative threshold's baseline (the first ones the metric was logged in)."""
-    patience: int = declared(2, Int(ge=1))
+    patience: int = Field(2, ge=1)
     """Consecutive steps a threshold must be crossed before its monitor fires (one noisy step is not a collapse)."""
-    entropy_floor: float = declared(0.25, Float(gt=0, lt=1))
+    entropy_floor: float = Field(0.25, gt=0, lt=1)
     """``entropy``: ``actor/entropy`` below this share of its baseline."""
-    search_zero_steps: int = declared(3, Int(ge=1))
+    search_zero_steps: int = Field(3, ge=1)
     """``searches``: no search in a whole step for this many steps in a row, in a run whose baseline searched."""
-    length_floor: float = declared(0.25, Float(gt=0, lt=1))
+    length_floor: float = Field(0.25, gt=0, lt=1)
     """``length``: ``rollout/response_length`` below this share of its baseline."""
-    repetition_max: float = declared(0.5, Float(gt=0, le=1))
+    repetition_max: float = Field(0.5, gt=0, le=1)
     """``repetition``: ``rollout/repetition_share`` (repeated word 3-grams in what the policy wrote) above this."""
-    format_violation_max: float = declared(0.5, Float(gt=0, le=1))
+    format_violation_max: float = Field(0.5, gt=0, le=1)
     """``format``: ``rollout/format_violation_rate`` (no answer, or a tag left open) above this."""
-    retrieval_hit_floor: float = declared(0.3, Float(gt=0, lt=1))
+    retrieval_hit_floor: float = Field(0.3, gt=0, lt=1)
     """``retrieval``: ``rollout/retrieval_hit_rate`` (search results holding a gold answer) below this share of its
     baseline."""
-    kl_max: float = declared(1.0, Float(gt=0))
+    kl_max: float = Field(1.0, gt=0)
     """``kl``: ``actor/kl`` (to the reference policy) above this."""
-    clip_fraction_max: float = declared(0.3, Float(gt=0, le=1))
+    clip_fraction_max: float = Field(0.3, gt=0, le=1)
     """``clip``: ``actor/clip_fraction`` above this."""
-    is_weight_max: float = declared(20.0, Float(gt=1))
+    is_weight_max: float = Field(20.0, gt=1)
     """``is_weight``: the largest importance weight a step logged (``actor/lag_<n>/is_weight_max``) above this."""

@@ -110,7 +110,7 @@ def eval_settings(model_dir: Path, server_addr: str, overrides: EvalOverrides) -
     loop = replace(base_loop, topk=chosen["topk"], protocol=chosen["protocol"], max_turns=chosen["max_turns"],
                    max_tokens_per_turn=chosen["max_new_tokens"], sampling=SamplingParams(greedy=True),
                    max_prompt_tokens=None)
-    search = replace(base_search, server_addr=server_addr, topk=chosen["topk"], num_workers=0)
+    search = base_search.replace(server_addr=server_addr, topk=chosen["topk"], num_workers=0)
     return EvalSettings(loop=loop, search=search, source=source, notes=notes)
 
 

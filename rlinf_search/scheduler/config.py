@@ -7,13 +7,14 @@ error names the key's path.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from pydantic import Field, field_validator, model_validator
 
-from rlinf_search.key_declarations import STR, Int, ValueOutOfRange, check_fields, declared
 from rlinf_search.scheduler.ranges import PlacementError, expand, parse_ranges
+from rlinf_search.section_model import ConfigSection, parse_section
 
 
 @dataclass(frozen=True)
@@ -25,63 +26,61 @@ class NodeGroupConfig:
     ``[0, 1]``). Node ranks follow the cluster's node order: the Ray head first, then by IP."""
 
 
-@dataclass(frozen=True)
-class ClusterConfig:
+class ClusterConfig(ConfigSection):
     """Typed view of ``cluster``; RLinf's keys (``num_nodes``, ``component_placement``) read the same."""
 
-    num_nodes: int = declared(1, Int(ge=1))
+    config_path = "cluster"
+
+    num_nodes: int = Field(1, ge=1)
     """Nodes the run uses. Joining a Ray cluster with fewer alive nodes is an error at start-up."""
-    component_placement: Mapping[str, Any] = field(default_factory=dict)
+    component_placement: dict[str, Any] = {}
     """Component names (comma-joined when they share an entry) to devices: ``all``, ``0-3``,
     ``0,2,4-5``, or ``{node_group: a10, devices: 0-3}``. See docs/runtime.md."""
-    cpu_slots_per_node: int = declared(1, Int(ge=1))
+    cpu_slots_per_node: int = Field(1, ge=1)
     """Devices of a node without GPUs. A slot is a scheduling unit, not a core: 8 slots on a 2-core
     laptop are fine, and one rank per component on one slot is the cheapest laptop default."""
-    num_gpus_per_node: int | None = declared(None, Int(ge=1))
+    num_gpus_per_node: int | None = Field(None, ge=1)
     """GPUs each node must have, for a recipe written for GPUs: the placement is then checked on
     these GPUs before Ray starts (on any machine), and at start-up a node with fewer is an error.
     ``None``: whatever Ray finds, checked at start-up only."""
-    address: str | None = declared(None, STR)
+    address: str | None = None
     """``None`` starts an embedded Ray in this process; ``auto`` (the local ``ray start`` head) or
     ``ray://host:port`` / ``host:port`` joins an existing cluster, which is how multi-node runs."""
-    num_cpus: int | None = declared(None, Int(ge=1))
+    num_cpus: int | None = Field(None, ge=1)
     """CPUs the embedded Ray may use (``None``: every core). Workers take none of them (see
     docs/runtime.md); this bounds plain Ray tasks. Only for the embedded Ray."""
-    max_restarts: int = declared(3, Int(ge=0))
+    max_restarts: int = Field(3, ge=0)
     """Rollout ranks the runtime may start again after their process was lost mid-step (a new process on the same
     device, given the current weights; the lost ranks' rollouts run again), over the whole run. One more loss stops
     the run in one line. 0: any lost rank stops the run."""
-    node_groups: Mapping[str, NodeGroupConfig] = field(default_factory=dict)
+    node_groups: dict[str, NodeGroupConfig] = {}
     """Named node sets for heterogeneous clusters, e.g. ``{a10: {nodes: [0]}, h100: {nodes: 1-2}}``;
     a component's ``node_group`` picks one, and its device ids then count within that group."""
 
-    def __post_init__(self) -> None:
-        try:
-            check_fields(self, "cluster")
-        except ValueOutOfRange as exc:
-            raise PlacementError(str(exc)) from None
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
         if self.address is not None and self.num_cpus is not None:
             raise PlacementError("cluster.num_cpus only sizes the embedded Ray; a cluster joined at "
                                  f"cluster.address ({self.address}) has its own CPU count")
-        if not isinstance(self.component_placement, Mapping):
-            raise PlacementError("cluster.component_placement must be a mapping of component names to "
-                                 f"devices, got {type(self.component_placement).__name__}")
         for label, group in self.node_groups.items():
             for node in group.nodes:
                 if node >= self.num_nodes:
                     raise PlacementError(f"cluster.node_groups.{label}.nodes: node {node} exceeds the "
                                          f"{self.num_nodes} nodes of this cluster")
+        return self
+
+    @field_validator("component_placement", mode="before")
+    @classmethod
+    def _placement_is_a_mapping(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise ValueError("must be a mapping of component names to devices")
+        return dict(value)
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> ClusterConfig:
         """Build from the ``cluster`` section (a dict or an OmegaConf ``DictConfig``)."""
         if isinstance(section, DictConfig):
             section = OmegaConf.to_container(section, resolve=True)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise PlacementError(f"cluster.{unknown[0]}: unknown key; the cluster section takes "
-                                 f"{', '.join(sorted(known))}")
         values = {key: value for key, value in section.items() if value is not None}  # null: the default
         groups = values.get("node_groups") or {}
         if not isinstance(groups, Mapping):
@@ -90,8 +89,10 @@ class ClusterConfig:
         num_nodes = values.get("num_nodes", 1)
         values["node_groups"] = {str(label): _node_group(str(label), body, num_nodes)
                                  for label, body in groups.items()}
-        values["component_placement"] = dict(values.get("component_placement") or {})
-        return cls(**values)
+        try:
+            return parse_section(cls, values, path="cluster")
+        except ValueError as exc:
+            raise PlacementError(str(exc)) from None
 
 
 def _node_group(label: str, body: Any, num_nodes: int) -> NodeGroupConfig:

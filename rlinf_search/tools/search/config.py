@@ -2,98 +2,102 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from rlinf_search.key_declarations import STR, Float, Int, check_fields, declared
-from rlinf_search.typed_section import section_to
+from pydantic import Field, field_validator, model_validator
+
+from rlinf_search.section_model import ConfigSection, parse_section
 
 
-@dataclass(frozen=True)
-class SearchToolConfig:
+class SearchToolConfig(ConfigSection):
     """Typed view of the ``tools.search`` config group (RLinf spells the address ``server_addr`` too)."""
 
-    backend: str = declared("local", STR)
+    config_path = "tools.search"
+
+    backend: str = "local"
     """``local`` (a Search-R1-compatible retrieval server), ``serper`` (Google via serper.dev),
     ``inprocess`` (a retriever loaded in this process), or ``package.module:factory`` for your own."""
     server_addr: str | tuple[str, ...] = "127.0.0.1:8000"
     """``host:port`` of the retrieval server for ``local`` (Search-R1's launcher listens on 8000), or a list of
     replicas serving the same index: each request goes to the one with the fewest in flight, and moves on
     when one fails (``tools/search/replicas.py``)."""
-    replica_eject_after: int = declared(2, Int(ge=1))
+    replica_eject_after: int = Field(2, ge=1)
     """With several replicas: failed requests in a row (unreachable, timed out, 5xx) after which one is set
     aside until its health probe passes."""
-    replica_probe_interval_s: float = declared(5.0, Float(gt=0))
+    replica_probe_interval_s: float = Field(5.0, gt=0)
     """With several replicas: seconds between ``GET /health`` probes of a set-aside one."""
-    topk: int = declared(3, Int(ge=1))
+    topk: int = Field(3, ge=1)
     """Passages per query when the caller gives none; the Search-R1 paper uses 3."""
-    timeout_s: float = declared(30.0, Float(gt=0))
+    timeout_s: float = Field(30.0, gt=0)
     """Limit on one HTTP attempt (with several replicas, on each replica an attempt tries). An e5 server batching a few hundred queries answers in seconds,
     so this only catches a server that has stopped answering."""
-    deadline_s: float = declared(90.0, Float(gt=0, relation=">= timeout_s"))
+    deadline_s: float = Field(90.0, gt=0, json_schema_extra={"relation": ">= timeout_s"})
     """Limit on one ``search()`` call, retries and waits included: past it the rollout gets an
     error observation instead of stalling its whole batch."""
-    max_retries: int = declared(2, Int(ge=0))
+    max_retries: int = Field(2, ge=0)
     """Retries after the first attempt on timeouts, connection errors and 5xx (3 attempts in all).
     A 4xx other than 429 (too many requests) is never retried: the same request would be refused again."""
-    backoff_base_s: float = declared(0.5, Float(ge=0))
+    backoff_base_s: float = Field(0.5, ge=0)
     """First retry waits up to this long; each later one up to twice the previous (full jitter),
     so a fleet of rollout workers does not hammer a restarting server in lock-step."""
-    backoff_max_s: float = declared(8.0, Float(ge=0, relation=">= backoff_base_s"))
+    backoff_max_s: float = Field(8.0, ge=0, json_schema_extra={"relation": ">= backoff_base_s"})
     """Cap on a single backoff wait."""
-    max_concurrency: int = declared(64, Int(ge=1))
+    max_concurrency: int = Field(64, ge=1)
     """HTTP requests in flight at once from this client; also the connection-pool size."""
-    rate_limit_per_s: float = declared(0.0, Float(ge=0))
+    rate_limit_per_s: float = Field(0.0, ge=0)
     """Requests started per second (token bucket); 0 means unlimited. Web APIs bill and throttle
     per request, a local server does not need it."""
-    num_workers: int = declared(0, Int(ge=0))
+    num_workers: int = Field(0, ge=0)
     """Ranks of the SearchTool group, which owns the search client for the whole cluster: one cache, one
     coalescing window, and the concurrency cap and rate limit above kept by all rollout ranks together
     (verl's tool ``num_workers``). Each rank serves the queries that hash to it, with its share of the
     limits and the cache. 0: no group; each rollout rank opens its own client for each rollout call, with
     the limits above each (a single rollout rank, as on a CPU, loses nothing)."""
-    cache_size: int = declared(10_000, Int(ge=0))
+    cache_size: int = Field(10_000, ge=0)
     """LRU entries keyed on (normalised query, topk); 0 disables. GRPO samples the same prompt
     several times, so identical queries are common within a step."""
-    coalesce_window_s: float = declared(0.005, Float(ge=0))
+    coalesce_window_s: float = Field(0.005, ge=0)
     """How long the first query of a batch waits for others before one batched ``POST /retrieve``
     goes out. Small next to a retrieval round trip, long enough to catch a burst of rollouts."""
-    max_batch: int = declared(64, Int(ge=1))
+    max_batch: int = Field(64, ge=1)
     """Most queries in one batched request (a full batch goes out at once); 1 turns coalescing off."""
-    serper_url: str = declared("https://google.serper.dev/search", STR)
+    serper_url: str = "https://google.serper.dev/search"
     """Endpoint for ``serper``; tests point it at a loopback server. The key comes from the
     ``SERPER_API_KEY`` environment variable, never from config, so it cannot leak into config dumps."""
-    index_dir: str | None = declared(None, STR)
+    index_dir: str | None = None
     """For ``inprocess``: the folder written by ``rlinf_search.retrieval.build_index``."""
-    corpus: str | None = declared(None, STR)
+    corpus: str | None = None
     """For ``inprocess``: the corpus jsonl the index was built on."""
-    retriever: str = declared("bm25", STR)
+    retriever: str = "bm25"
     """For ``inprocess``: ``bm25``, ``hybrid`` or a dense encoder name (BM25 loads in well under a second)."""
-    tool_config: str | None = declared(None, STR)
+    tool_config: str | None = None
     """A verl tool config or rllm tool schema file whose settings were applied over this section at start-up
     (``config/sections.py``), and whose schema ``agent.protocol: toolcall`` offers; None: none."""
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> SearchToolConfig:
         """Build from the ``tools.search`` section; a null value means the field's default."""
-        return section_to(cls, section, key="tools.search")
+        return parse_section(cls, dict(section), path="tools.search")
 
     @property
     def server_addrs(self) -> tuple[str, ...]:
         """``server_addr`` as a tuple of replicas (one for a single server)."""
         return (self.server_addr,) if isinstance(self.server_addr, str) else self.server_addr
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.server_addr, str):
-            # A YAML list (or OmegaConf's ListConfig) becomes a tuple: the config stays hashable and frozen.
-            if isinstance(self.server_addr, (Mapping, bytes)) or not isinstance(self.server_addr, Iterable):
-                raise ValueError(f"tools.search.server_addr must be 'host:port' or a list of them, got "
-                                 f"{type(self.server_addr).__name__} {self.server_addr!r}")
-            object.__setattr__(self, "server_addr", tuple(self.server_addr))
+    @field_validator("server_addr", mode="before")
+    @classmethod
+    def _addresses(cls, value: Any) -> Any:
+        if not isinstance(value, str) and (isinstance(value, (Mapping, bytes)) or not hasattr(value, "__iter__")):
+            raise ValueError("must be 'host:port' or a list of them")
+        return value if isinstance(value, str) else tuple(value)  # OmegaConf's ListConfig too
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchToolConfig:
         self._check_backend()
         self._check_numbers()
         self._check_backend_fields()
+        return self
 
     def _check_backend(self) -> None:
         # The registry sits beside the factories, which import this module: looked up when checked.
@@ -102,7 +106,6 @@ class SearchToolConfig:
         SEARCH_BACKENDS.resolve(self.backend, key="tools.search.backend")
 
     def _check_numbers(self) -> None:
-        check_fields(self, "tools.search")
         if self.deadline_s < self.timeout_s:
             raise ValueError(f"tools.search.deadline_s ({self.deadline_s}) must be >= timeout_s "
                              f"({self.timeout_s}): the deadline covers every attempt")

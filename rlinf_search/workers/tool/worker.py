@@ -10,7 +10,6 @@ hash of their normal form, so a query always meets the cache that has seen it; e
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 
@@ -24,8 +23,8 @@ def rank_share(config: SearchToolConfig, ranks: int) -> SearchToolConfig:
     concurrency cap split (at least one each), the rate limit split, the cache split."""
     if ranks <= 1:
         return config
-    return dataclasses.replace(
-        config, max_concurrency=max(1, config.max_concurrency // ranks),
+    return config.replace(
+        max_concurrency=max(1, config.max_concurrency // ranks),
         rate_limit_per_s=config.rate_limit_per_s / ranks,
         cache_size=math.ceil(config.cache_size / ranks) if config.cache_size else 0)
 
