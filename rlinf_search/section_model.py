@@ -10,7 +10,8 @@ A quoted number (``"4096"``, as a command-line override may arrive) is taken, as
 from __future__ import annotations
 
 import difflib
-from typing import Any, ClassVar, TypeVar
+from types import UnionType
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
@@ -18,6 +19,12 @@ S = TypeVar("S", bound=BaseModel)
 
 _RANGE_WORDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 """Pydantic's range errors, worded as the config's (``runner.max_epochs must be >= 1, got 0``)."""
+_TYPE_WORDS = {"int_parsing": "an integer", "int_from_float": "an integer", "int_type": "an integer",
+               "float_parsing": "a number", "float_type": "a number", "finite_number": "a finite number",
+               "string_type": "a string", "bool_type": "true or false", "bool_parsing": "true or false",
+               "tuple_type": "a list of strings", "list_type": "a list of strings", "dict_type": "a section of keys",
+               "model_type": "a section of keys", "model_attributes_type": "a section of keys"}
+"""Pydantic's type errors, worded as the config's (``expected an integer``)."""
 
 
 class ConfigSection(BaseModel):
@@ -26,35 +33,58 @@ class ConfigSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True,
                               strict=False)
     config_path: ClassVar[str] = ""
-    """Where the section sits in the config (``tools.search``): errors of a direct construction name it."""
-
-    def __init__(self, **values: Any) -> None:
-        try:
-            super().__init__(**values)
-        except ValidationError as exc:  # one line naming the key, as a config error reads, not pydantic's block
-            raise ValueError(error_line(exc, self.config_path, type(self))) from None
+    """Where the section sits in the config (``tools.search``): the errors of ``replace`` name it."""
+    null_kept: ClassVar[frozenset[str]] = frozenset()
+    """Keys whose null is a value of its own, not the default (``algorithm.clip_ratio_c: null``: no dual clip)."""
 
     def replace(self: S, **changes: Any) -> S:
-        """A copy with ``changes``, validated as a new section (``dataclasses.replace`` of a section model)."""
-        return type(self)(**{**dict(self), **changes})
+        """A copy with ``changes``, validated as a new section (``dataclasses.replace`` of a section model);
+        ``ValueError`` in one line naming the key."""
+        try:
+            return type(self).model_validate({**dict(self), **changes})
+        except ValidationError as exc:
+            raise ValueError(error_line(exc, self.config_path, type(self))) from None
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
+            return {key: value for key, value in data.items() if value is not None or key in cls.null_kept}
         return data
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _also_allowed(cls, value: Any, handler, info) -> Any:
+        # A value allowed outside the range (``json_schema_extra={"also": [(-1, meaning)]}``) passes as it is.
+        field = cls.model_fields.get(info.field_name)
+        extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
+        if not isinstance(value, bool) and any(value == allowed for allowed, _ in extra.get("also", ())):
+            return value
+        return handler(value)
 
     @field_validator("*", mode="before")
     @classmethod
     def _flags_and_numbers_apart(cls, value: Any, info) -> Any:
         # Lax mode reads true as 1 and "false" or 0 as a flag; either is a mistake in a YAML, not a value.
-        kinds = _kinds(cls.model_fields[info.field_name].annotation) if info.field_name in cls.model_fields else set()
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name in cls.model_fields else None
+        kinds = _kinds(annotation)
+        if annotation in _STRINGS and isinstance(value, (list, tuple)) and not all(isinstance(v, str) for v in value):
+            raise ValueError("expected a list of strings")  # named with the list, not one item of it
         if kinds == {bool} and not isinstance(value, bool):
             raise ValueError("expected true or false")
         if isinstance(value, bool) and kinds and kinds <= {int, float}:
             raise ValueError("expected a number, not true or false")
         return value
+
+
+_STRINGS = (tuple[str, ...], tuple[str, ...] | None)
+
+
+def section_model_of(annotation: Any) -> type[BaseModel] | None:
+    """The section model a field holds (``X`` or ``X | None``), or None."""
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    found = [option for option in options if isinstance(option, type) and issubclass(option, BaseModel)]
+    return found[0] if found else None
 
 
 def _kinds(annotation: Any) -> set[type]:
@@ -67,10 +97,21 @@ def _kinds(annotation: Any) -> set[type]:
 
 
 def error_line(exc: ValidationError, path: str, model: type[BaseModel]) -> str:
-    """The first error of ``exc`` (``model`` validating the section at config path ``path``) as one line naming the
-    key: an unknown key with the keys its section takes and the nearest of them, a range as ``must be >= 1``, a rule
-    between keys (a model validator's) as it words itself, anything else as pydantic words it; each with the value."""
-    error = exc.errors()[0]
+    """The first error of ``exc`` (``model`` validating the section at config path ``path``) as one line
+    (``error_lines``)."""
+    return error_lines(exc, path, model)[0]
+
+
+def error_lines(exc: ValidationError, path: str, model: type[BaseModel]) -> list[str]:
+    """Every error of ``exc`` as one line naming the key (``model`` validated the section at config path
+    ``path``)."""
+    return [_line(error, path, model) for error in exc.errors()]
+
+
+def _line(error: dict, path: str, model: type[BaseModel]) -> str:
+    """One error as one line naming the key: an unknown key with the keys its section takes and the nearest of
+    them, a range as ``must be >= 1``, a choice with the choices, a rule between keys (a model validator's) as it
+    words itself, anything else as pydantic words it; each with the value."""
     loc = _key_path(model, error["loc"])
     where = ".".join(part for part in [path, *loc] if part)
     value = error.get("input")
@@ -89,6 +130,8 @@ def error_line(exc: ValidationError, path: str, model: type[BaseModel]) -> str:
         return f"{where} must be {_RANGE_WORDS[error['type']]} {limit}, got {value!r}"
     if error["type"] == "literal_error" and key is not None and key.choices:
         return f"{where}: unknown {value!r}; choose one of {', '.join(map(str, key.choices))}"
+    if error["type"] in _TYPE_WORDS:
+        return f"{where}: expected {_TYPE_WORDS[error['type']]}, got {value!r}"
     if error["type"] == "value_error" and (not loc or (path and message.startswith(path))):
         return message  # a model validator's rule between keys: its message names them
     return f"{where}{' ' if message.startswith('must be') else ': '}{message}, got {value!r}"
@@ -104,14 +147,14 @@ def _key_path(model: type[BaseModel], loc: tuple) -> list[str]:
             path.append(str(part))
         elif current is not None:
             path.append(part)
-            inner = getattr(current.model_fields.get(part), "annotation", None)
-            current = inner if isinstance(inner, type) and issubclass(inner, BaseModel) else None
+            field = current.model_fields.get(part)
+            current = section_model_of(field.annotation) if field is not None else None
     return path
 
 
 def _key_at(model: type[BaseModel], loc: list[str]):
     """The ``Key`` (type and range) of the field at ``loc``, or None."""
-    from rlinf_search.key_declarations import key_of
+    from rlinf_search.key_ranges import key_of
 
     names = [part for part in loc if not part.isdigit()]
     if not names:
@@ -123,8 +166,9 @@ def _key_at(model: type[BaseModel], loc: list[str]):
 
 def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
     for name in loc:
-        inner = getattr(model.model_fields.get(name), "annotation", None)
-        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+        field = model.model_fields.get(name)
+        inner = section_model_of(field.annotation) if field is not None else None
+        if inner is None:
             return None
         model = inner
     return model

@@ -122,8 +122,8 @@ def test_the_run_config_offers_access_with_the_search_server_and_refuses_what_ca
                               r"tools.access.max_page_tokens must be >= 1, got 0"),
                              ({"tools.access": {"pages": 3}}, "tools.access.pages: unknown key; tool access takes "
                               "max_page_tokens, server_addr, timeout_s"),
-                             ({"tools.access": {"timeout_s": "soon"}}, "tools.access.timeout_s: Input should be a "
-                              "valid number"),
+                             ({"tools.access": {"timeout_s": "soon"}}, "tools.access.timeout_s: expected a "
+                              "number, got 'soon'"),
                              ({"tools.browse": {"class": "no_such.module:Tool"}}, "tools.browse"),
                              ({"tools.browse": {"class": "rlinf_search.agents.tools.base:ToolResult"}},
                               "tools.browse: rlinf_search.agents.tools.base:ToolResult is not a tool class: it has "

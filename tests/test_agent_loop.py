@@ -9,6 +9,8 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
+from rlinf_search.config.model import AgentLoopSection
+from rlinf_search.section_model import parse_section
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.agents.searchr1.loop import SearchR1AgentLoop
 from rlinf_search.agents.searchr1.protocol import INVALID_ACTION_OBSERVATION, parse_action
@@ -110,7 +112,7 @@ def test_observation_and_response_limits(tokenizer, inprocess_tool_config):
                                          tokenizer, capped).run(_records(1)[0]))
     assert len(traj.response_ids) <= 120 and traj.finish_reason == "max_response_tokens"
     with pytest.raises(ValueError, match="agentloop.max_tool_response_length must be >= 1"):
-        AgentLoopConfig(max_obs_tokens=0)
+        parse_section(AgentLoopSection, {"max_tool_response_length": 0}, path="agentloop")
 
 
 def test_hf_engine_against_real_server_and_drift(tiny_model_dir, tokenizer, hotpot_index_dir, hotpot_corpus):

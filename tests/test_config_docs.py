@@ -8,7 +8,6 @@ dotted key in backticks, and it sits under the ``## `section` `` heading of its 
 from __future__ import annotations
 
 import re
-from dataclasses import fields
 from pathlib import Path
 
 from omegaconf import OmegaConf

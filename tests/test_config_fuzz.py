@@ -1,6 +1,6 @@
-"""Every declared config key, walked with values outside its declaration: generated from the declarations
-(``key_declarations.py``: ``SCHEMA``'s ``Key`` leaves, and the declared fields of the sections read into dataclasses),
-not from a hand list, so a key is fuzzed the day it is declared.
+"""Every config key, walked with values outside its declaration: generated from the config model
+(``config/model.py``, its fields described by ``key_ranges.key_of``: ``SCHEMA``'s leaves and the open sections'
+models), not from a hand list, so a key is fuzzed the day it is declared.
 
 Each out-of-range number and each value of the wrong type must stop the run in one line that names the key, the
 value and the range: through ``validate_cfg``, or for the teacher's section (read only when distillation is on,
@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from rlinf_search.config import ConfigError, validate_cfg
 from rlinf_search.config.schema import DATACLASS_SECTIONS, declarations
 from rlinf_search.distill.config import TeacherConfig
-from rlinf_search.key_declarations import field_keys
+from rlinf_search.key_ranges import field_keys
 from tests.conftest import HOTPOT_DIR
 from tests.test_config import TINY
 
@@ -106,8 +106,9 @@ def test_a_value_of_the_wrong_type_is_refused_in_one_line(path, key):
 
 @pytest.mark.parametrize("cls", list(DATACLASS_SECTIONS.values()), ids=list(DATACLASS_SECTIONS))
 def test_every_number_of_an_open_section_is_described(cls):
+    described = dict(field_keys(cls))
     undescribed = [name for name, info in cls.model_fields.items()
-                   if any(word in str(info.annotation) for word in ("int", "float")) and name not in dict(field_keys(cls))]
+                   if any(word in str(info.annotation) for word in ("int", "float")) and name not in described]
     assert not undescribed, f"{cls.__name__}: numeric fields without a type and range: {undescribed}"
 
 

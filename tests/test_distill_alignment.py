@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from rlinf_search.section_model import parse_section
 from rlinf_search.distill.alignment import char_extents, from_shared_ids
 from rlinf_search.distill.config import DistillConfig, TeacherConfig
 from rlinf_search.distill.signal import combine, distill_term, reverse_kl, turn_ids
@@ -136,7 +137,7 @@ def test_coef_zero_measures_and_leaves_grpo_as_it_is():
 ])
 def test_bad_settings_name_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
-        _config(**overrides)
+        parse_section(DistillConfig, {"teacher": {"model": "teacher"}, **overrides}, path="algorithm.distill")
 
 
 def test_top_k_needs_a_shared_tokenizer_and_may_train_alone():

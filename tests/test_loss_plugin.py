@@ -30,8 +30,7 @@ def _config(**changes):
 
 @pytest.mark.parametrize("settings, message", [
     ({"truncation": 1.0}, "algorithm.policy_loss_settings.truncation must be > 1, got 1.0"),
-    ({"truncation": "high"}, "algorithm.policy_loss_settings.truncation: Input should be a valid number, unable to "
-                             "parse string as a number, got 'high'"),
+    ({"truncation": "high"}, "algorithm.policy_loss_settings.truncation: expected a number, got 'high'"),
     ({"trunaction": 3.0}, "algorithm.policy_loss_settings.trunaction: unknown key; policy_loss "
                           f"{LOSS} takes truncation; did you mean truncation?")])
 def test_the_losss_own_key_is_validated_at_start_up_in_one_line(settings, message):

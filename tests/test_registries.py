@@ -116,15 +116,15 @@ def test_a_config_key_starts_the_error_and_validation_stops_a_bad_path():
         ADVANTAGE_ESTIMATORS.resolve("gpro", key="algorithm.adv_type")
     with pytest.raises(ValueError, match="^rollout.rollout_backend: sglang is not available in this build"):
         ROLLOUT_ENGINES.resolve("sglang", key="rollout.rollout_backend")
-    from rlinf_search.config.readers import read_view
-    from rlinf_search.workers.actor.config import PolicyLossConfig
+    from rlinf_search.config.model import AlgorithmSection
+    from rlinf_search.config.training import policy_loss
 
-    # a field declared with its registry (declared(..., registry=KL_ESTIMATORS)) is resolved as its view is read
-    raw = {"algorithm": {"kl_penalty_type": f"{PLUGINS}:no_such_estimator"}}
+    # a name a registry resolves is resolved as the loss's view is built from its section
+    section = AlgorithmSection(kl_penalty_type=f"{PLUGINS}:no_such_estimator")
     with pytest.raises(ConfigError, match="^algorithm.kl_penalty_type: cannot import KL penalty"):
-        read_view(raw, PolicyLossConfig, "algorithm")
-    raw = {"algorithm": {"kl_penalty_type": f"{PLUGINS}:constant_kl"}}
-    assert read_view(raw, PolicyLossConfig, "algorithm").kl_penalty_type == f"{PLUGINS}:constant_kl"
+        policy_loss(section, max_response_tokens=8, temperature=1.0)
+    section = AlgorithmSection(kl_penalty_type=f"{PLUGINS}:constant_kl")
+    assert policy_loss(section, max_response_tokens=8, temperature=1.0).kl_penalty_type == f"{PLUGINS}:constant_kl"
 
 
 def test_a_lazy_builtin_is_imported_when_first_resolved():

@@ -146,9 +146,9 @@ def test_requests_go_to_the_replica_with_fewest_in_flight_and_move_on_when_one_f
 ])
 def test_a_bad_replica_list_is_one_line_naming_the_key(bad, message):
     with pytest.raises(ValueError, match=message) as caught:
-        SearchToolConfig(server_addr=bad)
+        SearchToolConfig.from_dict({"server_addr": bad})
     assert str(caught.value).startswith("tools.search.server_addr")
     with pytest.raises(ValueError, match="tools.search.replica_eject_after must be >= 1, got 0"):
-        SearchToolConfig(server_addr=["127.0.0.1:8000"], replica_eject_after=0)
+        SearchToolConfig.from_dict({"server_addr": ["127.0.0.1:8000"], "replica_eject_after": 0})
     assert SearchToolConfig.from_dict({"server_addr": ["127.0.0.1:8001", "127.0.0.1:8002"]}).server_addrs == (
         "127.0.0.1:8001", "127.0.0.1:8002")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import socket
@@ -435,8 +434,8 @@ def test_observation_format_truncation_and_failures():
     ({"backend": "inprocess"}, "index_dir"), ({"backoff_max_s": 0.001}, "backoff_max_s"),
 ])
 def test_config_rejects_bad_fields(overrides, field):
-    with pytest.raises(ValueError, match=f"tools.search.{field}"):
-        config(**overrides)
+    with pytest.raises(ValueError, match=f"^tools.search.{field}"):
+        SearchToolConfig.from_dict({"timeout_s": 2.0, "deadline_s": 4.0, **overrides})
 
 
 def test_empty_query_is_an_error_outcome_without_a_request():

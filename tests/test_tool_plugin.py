@@ -40,7 +40,7 @@ def _config(tmp_path, **changes):
     ({"class": TOOL, "decimals": 20},
      "tools.calculate.decimals must be in [0, 12], got 20"),
     ({"class": TOOL, "max_chars": "long"},
-     "tools.calculate.max_chars: Input should be a valid integer, unable to parse string as an integer, got 'long'"),
+     "tools.calculate.max_chars: expected an integer, got 'long'"),
     ({"class": TOOL, "decimal": 2},
      "tools.calculate.decimal: unknown key; tool calculate takes decimals, max_chars; did you mean decimals?")])
 def test_the_tools_own_keys_are_validated_at_start_up_in_one_line(tmp_path, section, message):

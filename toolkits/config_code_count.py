@@ -18,7 +18,8 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ("rlinf_search/typed_section.py", "rlinf_search/key_declarations.py", "rlinf_search/section_model.py", "rlinf_search/scheduler/config.py",
+MODULES = ("rlinf_search/typed_section.py", "rlinf_search/key_declarations.py", "rlinf_search/key_ranges.py",
+           "rlinf_search/section_model.py", "rlinf_search/scheduler/config.py",
            "rlinf_search/tools/search/config.py", "rlinf_search/distill/config.py",
            "rlinf_search/workers/actor/config.py", "rlinf_search/workers/actor/megatron/config.py",
            "rlinf_search/workers/rollout/config.py", "rlinf_search/workers/reward/config.py",

@@ -1,5 +1,5 @@
-"""docs/config.md's type column of every numeric key, and the default column of every key a view's field declares,
-written from the declarations (``key_declarations.py``).
+"""docs/config.md's type column of every numeric key and the default column of every key, written from the config
+model (``rlinf_search/config/model.py``, described by ``key_ranges.py``).
 
     python -m toolkits.config_docs           # rewrite the cells that differ
     python -m toolkits.config_docs --check   # exit 1, naming them, if any differs (tests/test_config_docs.py)
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from rlinf_search.key_ranges import field_defaults
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 
@@ -32,9 +34,14 @@ def type_cell(key, written: str) -> str:
 
 def cell_value(cell: str, path: str):
     """The value a default cell states (``fp32`` as its dtype name, as the precision fields hold it)."""
-    from rlinf_search.key_declarations import PRECISIONS
+    from rlinf_search.config.model import PRECISIONS
 
     value = yaml.safe_load(cell.replace("`", "").strip() or "null")
+    if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     return PRECISIONS[value] if path.endswith("precision") and value in PRECISIONS else value
 
 
@@ -50,13 +57,14 @@ def default_cell(value) -> str:
 
 
 def declared_defaults() -> dict[str, str]:
-    """The default cell of every key a view's field declares (``schema.VIEW_SECTIONS``): its ``default_words``, else
-    its default written as a cell."""
-    from rlinf_search.config.schema import VIEW_SECTIONS
-    from rlinf_search.key_declarations import field_defaults
+    """The default cell of every key of the training config model and its open sections' models: its
+    ``default_words``, else its default written as a cell."""
+    from rlinf_search.config.model import TrainConfigFile
+    from rlinf_search.config.schema import DATACLASS_SECTIONS, section_models
 
-    return {f"{section}.{name}".lstrip("."): words or default_cell(default)
-            for section, cls in VIEW_SECTIONS for name, default, words in field_defaults(cls)}
+    return {f"{path}.{name}".lstrip("."): words or default_cell(default)
+            for path, model in [*section_models(TrainConfigFile), *DATACLASS_SECTIONS.items()]
+            for name, default, words in field_defaults(model)}
 
 
 def rewritten(text: str) -> tuple[str, list[str]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig, megatron_config_from_actor
+from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig
 from rlinf_search.workers.actor.megatron.hf_io import read_hf_config, write_hf_model
 from rlinf_search.workers.actor.megatron.weights import (
     QwenLayout,
@@ -152,9 +152,11 @@ def converter_from_run_config(path: Path) -> CheckpointConverterConfig:
     """``actor.megatron.ckpt_convertor`` of a run config (default HF model: ``rollout.model.model_path``)."""
     from omegaconf import OmegaConf
 
-    from rlinf_search.config import SCHEMA, register_resolvers
-    from rlinf_search.config.schema import check_keys, check_values
+    from rlinf_search.config import register_resolvers
+    from rlinf_search.config.model import ActorSection
+    from rlinf_search.config.training import megatron_config
     from rlinf_search.recipe_loader import compose_recipe
+    from rlinf_search.section_model import parse_section
 
     register_resolvers()
     if not path.is_file():
@@ -166,9 +168,11 @@ def converter_from_run_config(path: Path) -> CheckpointConverterConfig:
         raise ConversionError(f"{path}: actor.training_backend is not megatron, so it has no converter settings")
     default = ((raw.get("rollout") or {}).get("model") or {}).get("model_path", "")
     # The run's own start-up checks of the actor section, so a bad key fails here as it would there.
-    check_keys({"actor": actor}, {"actor": SCHEMA["actor"]}, "")
-    check_values({"actor": actor}, {"actor": SCHEMA["actor"]})
-    return megatron_config_from_actor(actor, default_hf_model_path=default).converter
+    try:
+        section = parse_section(ActorSection, actor, path="actor")
+        return megatron_config(section, default_hf_model_path=default).converter
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

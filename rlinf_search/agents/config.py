@@ -8,7 +8,6 @@ from typing import Any
 
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptTokenizer
-from rlinf_search.key_declarations import BOOL, Float, Int, check_fields, declared
 from rlinf_search.tools.search.config import SearchToolConfig
 
 
@@ -28,26 +27,26 @@ class ToolSpec:
 @dataclass(frozen=True)
 class AgentLoopConfig:
     """Limits and options of an agent loop, whatever its protocol (``agentloop``, sampling and token budgets). The
-    fields read from ``agentloop`` declare their key (``declared``); the others are computed from other sections."""
+    ``agentloop`` keys are declared in ``config/model.py``; the others are computed from other sections."""
 
-    max_turns: int = declared(2, Int(ge=0))
+    max_turns: int = 2
     """Tool turns (searches and corrective observations) before the final generation without search."""
     max_tokens_per_turn: int = 500
     """Most tokens generated in one turn."""
-    max_obs_tokens: int = declared(500, Int(ge=1), at="max_tool_response_length")
+    max_obs_tokens: int = 500
     """Most tokens in one observation; longer ones are cut, keeping the closing tag."""
-    max_passage_tokens: int = declared(150, Int(ge=1))
+    max_passage_tokens: int = 150
     """Each retrieved passage is cut to this many tokens before formatting."""
     max_response_tokens: int = 2048
     """Most tokens after the prompt (model and observation tokens together)."""
     topk: int = SearchToolConfig.model_fields["topk"].default
     """Passages per search."""
-    infra_reruns: int = declared(2, Int(ge=0))
+    infra_reruns: int = 2
     """Times a GRPO group is rolled out again when a sample's tool call failed for an infrastructure reason
     (``Trajectory.infra_error``); a group still failing after them is dropped from the step, never trained."""
-    infra_rerun_wait_s: float = declared(5.0, Float(ge=0))
+    infra_rerun_wait_s: float = 5.0
     """Wait before a group's first re-run; each later one waits twice as long (the service gets time to return)."""
-    retokenize: bool = declared(False, BOOL)
+    retokenize: bool = False
     """Reproduce the reference implementations: decode each turn, cut at the stop tag and re-encode
     it. The ids can then differ from the sampled ones and the engine's log-probs no longer apply."""
     apply_chat_template: bool = True
@@ -75,7 +74,6 @@ class AgentLoopConfig:
     (``@with_settings``), read by the loop as ``config.protocol_settings``; None for one that declares none."""
 
     def __post_init__(self) -> None:
-        check_fields(self, "agentloop")
         for name in ("max_tokens_per_turn", "max_response_tokens", "topk", "max_concurrent_trajectories"):
             if getattr(self, name) < 1:
                 raise ValueError(f"agent loop: {name} must be >= 1, got {getattr(self, name)}")

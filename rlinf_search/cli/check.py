@@ -19,7 +19,9 @@ from rlinf_search.config.eval import EVAL_SCHEMA, validate_eval_cfg
 from rlinf_search.config.file_checks import FileChecks
 from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.run import validate_cfg
-from rlinf_search.config.schema import SCHEMA, ConfigError, key_problems
+from rlinf_search.config.model import EvalConfigFile, TrainConfigFile
+from rlinf_search.config.readers import config_problems
+from rlinf_search.config.schema import SCHEMA, ConfigError
 
 KINDS = ("auto", "train", "eval")
 
@@ -62,9 +64,9 @@ def check(config: str, overrides: list[str], *, files: bool = True, kind: str = 
     except ConfigError as exc:
         report.problems.append(str(exc))
         return report
-    # Every unknown key at once: one misspelling should not hide the next. The rules after read the keys, so
-    # they run only on a config whose keys are all known.
-    report.problems += key_problems(raw, schema, "")
+    # Every refused key at once: one misspelling should not hide the next. The rules after read the keys, so
+    # they run only on a config whose keys all parse.
+    report.problems += config_problems(TrainConfigFile if kind == "train" else EvalConfigFile, raw)
     if report.problems:
         return report
     checks = FileChecks(enabled=files)

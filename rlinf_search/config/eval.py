@@ -16,10 +16,10 @@ from omegaconf import DictConfig
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.config.file_checks import FileChecks
 from rlinf_search.config.raw import resolve_raw
-from rlinf_search.config.readers import get, get_int, read_view
-from rlinf_search.config.run import RunConfig, group_names
-from rlinf_search.config.runner import RunnerConfig
-from rlinf_search.config.schema import SCHEMA, check_keys, check_values
+from rlinf_search.config.model import EvalConfigFile
+from rlinf_search.config.readers import parse_config
+from rlinf_search.config.run import group_names
+from rlinf_search.config.schema import EVAL_SCHEMA
 from rlinf_search.config.sections import (
     agent_loop,
     cluster_placement,
@@ -37,26 +37,6 @@ from rlinf_search.scheduler.placement import Placement
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.rollout.config import RolloutConfig
-
-def _some(section: str, *names: str) -> dict:
-    """The training ``SCHEMA``'s declarations of ``names`` in ``section``: an eval reads them as training does."""
-    return {name: SCHEMA[section][name] for name in names}
-
-
-EVAL_SCHEMA = {
-    "hydra": "*",
-    "cluster": "*",
-    "runner": _some("runner", "experiment_name", "output_dir", "seq_length"),
-    "algorithm": _some("algorithm", "group_size", "sampling_params"),
-    "agent": SCHEMA["agent"],
-    "agentloop": SCHEMA["agentloop"],
-    "tools": SCHEMA["tools"],
-    "rollout": SCHEMA["rollout"],
-    "data": _some("data", "max_prompt_length", "filter_overlong_prompts", "truncation", "apply_chat_template", "seed",
-                  "val_data_paths"),
-    "reward": SCHEMA["reward"],
-}
-
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
@@ -97,24 +77,25 @@ def validate_eval_cfg(cfg: DictConfig | dict, *, files: FileChecks | None = None
     """Check the whole eval config once; return its typed view. Raises ``ConfigError`` naming the key. ``files``: as
     ``validate_cfg``'s."""
     raw = resolve_raw(cfg, schema=EVAL_SCHEMA)
-    check_keys(raw, EVAL_SCHEMA, "")
-    check_values(raw, EVAL_SCHEMA)
-    runner = read_view(raw, RunnerConfig, "runner", experiment_name=str(get(raw, "runner.experiment_name",
-                                                                             EvalConfig.experiment_name)))
-    limit = prompt_limit(raw, seq_length=runner.seq_length)
-    samples = get_int(raw, "algorithm.group_size", EvalConfig.samples_per_prompt)
-    sampling = sampling_params(raw)
+    parsed = parse_config(EvalConfigFile, raw)
+    seq_length = parsed.runner.seq_length
+    limit = prompt_limit(parsed.data, seq_length=seq_length)
+    sampling = sampling_params(parsed.algorithm.sampling_params)
     # Nothing trains on an eval's log-probs, so vLLM's filtered ones are fine: recompute=True.
-    rollout = rollout_config(raw, sampling, recompute=True)
-    search, loop = agent_loop(raw, sampling, limit=limit, seq_length=runner.seq_length, files=files)
+    rollout = rollout_config(parsed.rollout, sampling, recompute=True)
+    search, loop = agent_loop(parsed, sampling, limit=limit, seq_length=seq_length, files=files)
     limit = with_offered_tools(limit, loop)
-    cluster, placement = cluster_placement(raw, rollout.backend)
+    cluster, placement = cluster_placement(parsed.cluster, rollout.backend)
     require_placed(placement, ("rollout", "reward"), run="an eval")
-    groups = group_names(raw, ("rollout", "reward"))
+    groups = group_names(parsed)
+    # An eval's own defaults: its name, and one sample per question (greedy).
+    algorithm = parsed.algorithm
     return EvalConfig(
-        cluster=cluster, placement=placement, output_dir=str(Path(runner.output_dir)),
-        experiment_name=runner.experiment_name, rollout=rollout,
+        cluster=cluster, placement=placement, output_dir=str(Path(parsed.runner.output_dir)),
+        experiment_name=(parsed.runner.experiment_name if "experiment_name" in parsed.runner.model_fields_set
+                         else EvalConfig.experiment_name), rollout=rollout,
         rollout_group=groups["rollout"], agent_loop=loop, search=search,
-        val_data_paths=data_paths(raw, "data.val_data_paths", required=True, files=files), samples_per_prompt=samples,
-        seed=get_int(raw, "data.seed", RunConfig.seed), prompt_limit=limit, reward_group=groups["reward"],
-        reward=reward_config(raw))
+        val_data_paths=data_paths(parsed.data.val_data_paths, "data.val_data_paths", required=True, files=files),
+        samples_per_prompt=(algorithm.group_size if "group_size" in algorithm.model_fields_set
+                            else EvalConfig.samples_per_prompt),
+        seed=parsed.data.seed, prompt_limit=limit, reward_group=groups["reward"], reward=reward_config(parsed.reward))

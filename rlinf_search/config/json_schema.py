@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlinf_search.agents.tools import TOOLS
-from rlinf_search.key_declarations import Key, field_keys
+from rlinf_search.key_ranges import Key, field_keys
 from rlinf_search.plugin_settings import settings_model
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"

@@ -23,8 +23,6 @@ ASYNC_CORRECTION = "tis"
 """``algorithm.mismatch_correction`` when an asynchronous pipeline leaves it unset (docs/runtime.md says why)."""
 
 
-ASYNC_DEFAULTS = PipelineSettings("async", max_staleness=1, partial_rollout=True)
-"""``runner.max_staleness`` and ``runner.partial_rollout`` when an ``async`` run leaves them unset."""
 
 
 def resolve_pipeline(value: str | None, *, max_staleness: int, partial_rollout: bool, written: set[str],
@@ -32,7 +30,7 @@ def resolve_pipeline(value: str | None, *, max_staleness: int, partial_rollout: 
                      batch: int, critic: bool) -> PipelineSettings:
     """The step's pipeline: ``value`` (``runner.pipeline``) checked against the run, or the placement's default
     when None (``overlap`` when disaggregated, else ``sync``); ``max_staleness`` and ``partial_rollout``:
-    ``runner.max_staleness`` and ``runner.partial_rollout`` (``ASYNC_DEFAULTS`` where unset); ``written``: which
+    ``runner.max_staleness`` and ``runner.partial_rollout``; ``written``: which
     of the two the config sets. Raises ``ConfigError`` in one line."""
     if value is None:
         value = "overlap" if placement.mode == "disaggregated" else "sync"

@@ -15,9 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_search.config.readers import get
 from rlinf_search.config.schema import ConfigError
-from rlinf_search.key_declarations import Key
+from rlinf_search.key_ranges import Key
 
 log = logging.getLogger(__name__)
 
@@ -338,3 +337,13 @@ def _set(raw: dict, path: str, value: Any) -> None:
     for part in sections:
         node = node.setdefault(part, {})
     node[last] = value
+
+
+def get(raw: dict, dotted: str, default: Any = None) -> Any:
+    """The value at ``dotted`` in the raw (not yet mapped) config; ``default`` when absent or null."""
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node

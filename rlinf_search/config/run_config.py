@@ -1,8 +1,7 @@
 """``RunConfig``: everything a training run needs, validated once by ``validate_cfg`` (``config/run.py``).
 
 Workers get their own sections of it (``ActorConfig``, ``RewardConfig``, ...), never the raw config. The run-level
-keys (batch, group size, advantage estimator, group names) are declared on its fields; ``SCHEMA`` takes them from
-here (``section_tree``).
+keys (batch, group size, advantage estimator, group names) are declared in ``config/model.py``.
 """
 
 from __future__ import annotations
@@ -11,11 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlinf_search.agents.config import AgentLoopConfig
-from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_search.config.runner import RunnerConfig
 from rlinf_search.data.prompt_tokens import PromptLimit
 from rlinf_search.distill.config import DistillConfig
-from rlinf_search.key_declarations import BOOL, STR, Float, Int, declared
 from rlinf_search.monitors.config import MonitorsConfig
 from rlinf_search.scheduler.config import ClusterConfig
 from rlinf_search.scheduler.placement import Placement
@@ -30,8 +27,8 @@ from rlinf_search.workers.rollout.config import RolloutConfig
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Everything a run needs, validated. A declared field reads the key at its ``at`` from the config's top (its
-    default is the key's); the others are the sections' views and what is computed from several keys."""
+    """Everything a run needs, validated: the sections' views, the run-level keys, and what is computed from several
+    keys."""
 
     cluster: ClusterConfig
     """``cluster``: nodes, CPU slots, Ray address."""
@@ -54,18 +51,18 @@ class RunConfig:
     """Prepared training jsonl files."""
     val_data_paths: tuple[str, ...]
     """Prepared validation jsonl files (may be empty)."""
-    rollout_batch_size: int = declared(1, Int(ge=1), at="data.rollout_batch_size")
+    rollout_batch_size: int = 1
     """Prompts per step."""
-    group_size: int = declared(4, Int(ge=1), at="algorithm.group_size")
+    group_size: int = 4
     """Samples per prompt (RLinf's Search-R1 recipe uses 4)."""
-    adv_type: str = declared("grpo", STR, at="algorithm.adv_type", registry=ADVANTAGE_ESTIMATORS)
+    adv_type: str = "grpo"
     """Advantage estimator: a registered name or a dotted path."""
     adv_settings: Any = None
     """``algorithm.adv_settings`` validated by the settings model the estimator declares (``@with_settings``);
     None for one that declares none."""
-    recompute_logprobs: bool = declared(True, BOOL, at="algorithm.recompute_logprobs")
+    recompute_logprobs: bool = True
     """Recompute old log-probs (actor or InferenceGroup) instead of using the engine's."""
-    mask_observations: bool = declared(True, BOOL, at="algorithm.mask_observations")
+    mask_observations: bool = True
     """Keep observation tokens (search results, corrective notes) out of the loss. ``false`` trains them as if the
     policy had written them (Search-R1's ``state_masking: false``, the paper's ablation)."""
     inference: InferenceConfig
@@ -73,11 +70,11 @@ class RunConfig:
     logprobs: LogprobPlan
     """Who computes the old and reference log-probs and which groups receive weights (from the three keys
     above and ``algorithm.kl_beta``); everything that launches, calls or syncs reads this."""
-    shuffle: bool = declared(True, BOOL, at="data.shuffle")
+    shuffle: bool = True
     """Shuffle the training prompts each epoch."""
-    seed: int = declared(0, Int(ge=0), at="data.seed")
+    seed: int = 0
     """Data order and engine sampling seed."""
-    agent_loop_workers: int = declared(0, Int(ge=0), at="agentloop.num_workers")
+    agent_loop_workers: int = 0
     """``agentloop.num_workers``: ranks of the AgentLoop group, whose agent loops send each turn to one of the
     rollout group's engines (token-in/token-out servers) through a router. 0: each rollout rank runs the
     agent loops of its share itself, on its own engine."""
@@ -85,17 +82,17 @@ class RunConfig:
     """``data.max_prompt_length`` and what overlong prompts get (dropped at start-up, refused or cut)."""
     reward: RewardConfig
     """``reward``: the RewardGroup's own section."""
-    actor_group: str = declared("ActorGroup", STR, at="actor.group_name")
+    actor_group: str = "ActorGroup"
     """``actor.group_name``: the name the actor's worker group is launched under (logs, errors)."""
-    rollout_group: str = declared("RolloutGroup", STR, at="rollout.group_name")
+    rollout_group: str = "RolloutGroup"
     """``rollout.group_name``: the rollout workers' group, which also runs the agent loop."""
-    reward_group: str = declared("RewardGroup", STR, at="reward.group_name")
+    reward_group: str = "RewardGroup"
     """``reward.group_name``: the reward workers' group."""
-    normalize_advantages: bool = declared(True, BOOL, at="algorithm.normalize_advantages")
+    normalize_advantages: bool = True
     """``algorithm.normalize_advantages``."""
-    gamma: float = declared(1.0, Float(ge=0, le=1), at="algorithm.gamma")
+    gamma: float = 1.0
     """Discount (REINFORCE++, GAE)."""
-    lam: float = declared(1.0, Float(ge=0, le=1), at="algorithm.lam")
+    lam: float = 1.0
     """GAE lambda."""
     critic: CriticConfig | None = None
     """The value model for GAE (``critic`` with ``use_critic_model: true``); None without one."""

@@ -1,16 +1,15 @@
 """``RunnerConfig``: the typed view of the ``runner`` section (steps, intervals, outputs, logging), and the
 resolved ``runner.pipeline`` it carries (``PipelineSettings``; ``config/pipeline.py`` resolves it).
 
-Each field declares the key it reads (``declared``): its type, range and default are written here once, and
-``SCHEMA``'s ``runner`` section is made from them (``section_tree``).
+``validate_cfg`` builds it from the parsed ``runner`` section (``config/model.py``, where each key's type, range and
+default are declared).
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from rlinf_search.key_declarations import STR, STRS, Float, Int, declared
 
 
 @dataclass(frozen=True)
@@ -37,47 +36,41 @@ class PipelineSettings:
         return self.max_staleness > 0
 
 
-def _step_limit(steps: int) -> int | None:
-    return None if steps == -1 else steps
-
-
 @dataclass(frozen=True, kw_only=True)
 class RunnerConfig:
-    """``runner``: how long to train, when to validate and save, where outputs go. Each field declares the key it
-    reads (``declared``); ``SCHEMA``'s ``runner`` section is made from them."""
+    """``runner``: how long to train, when to validate and save, where outputs go (its keys are declared in
+    ``config/model.py``'s ``RunnerSection``)."""
 
-    output_dir: str = declared(MISSING, STR)
+    output_dir: str
     """Root of the run's outputs (checkpoints, logs, eval)."""
-    experiment_name: str = declared("run", STR)
+    experiment_name: str = "run"
     """The run's name in the metric sinks (the W&B run name): ``runner.logger.experiment_name``, else
     ``runner.experiment_name``."""
-    max_steps: int | None = declared(100, Int(ge=1, also=((-1, "no step limit: runner.max_epochs ends the run"),)),
-                                     convert=_step_limit)
+    max_steps: int | None = 100
     """Training steps (rollout + update) to run; the run stops at ``max_epochs`` first if that comes first.
     None (written ``-1``, as RLinf and verl do): no step limit, ``max_epochs`` decides."""
-    max_epochs: int = declared(1, Int(ge=1))
+    max_epochs: int = 1
     """Passes over the training data."""
-    val_check_interval: int = declared(0, Int(ge=0))
+    val_check_interval: int = 0
     """Validate every N steps (0: never during training)."""
-    save_interval: int = declared(0, Int(ge=0))
+    save_interval: int = 0
     """Checkpoint every N steps (0: only at the end)."""
-    seq_length: int = declared(4096, Int(ge=2))
+    seq_length: int = 4096
     """Prompt + response token budget per trajectory."""
-    max_tokens_per_mbs: int | None = declared(None, Int(ge=1))
+    max_tokens_per_mbs: int | None = None
     """Token budget of one micro-batch (forward/backward)."""
-    resume_dir: str | None = declared(None, STR)
+    resume_dir: str | None = None
     """A checkpoint folder to resume from, or ``auto`` for the newest one under ``output_dir``."""
-    log_path: str = declared("", STR, at="logger.log_path", default_words="`<output_dir>/logs`")
+    log_path: str = ""
     """Where metrics.jsonl and TensorBoard files go (unset: ``<output_dir>/logs``)."""
-    logger_backends: tuple[str, ...] = declared(("console", "jsonl"), STRS, at="logger.logger_backends",
-                                                convert=tuple)
+    logger_backends: tuple[str, ...] = ("console", "jsonl")
     """Metric sinks (names and their packages checked by ``validate_cfg``)."""
-    project_name: str = declared("rlinf-search", STR, at="logger.project_name")
+    project_name: str = "rlinf-search"
     """W&B project."""
-    rollout_dump: int = declared(0, Int(ge=0))
+    rollout_dump: int = 0
     """Trajectories of each step written to ``output_dir/rollouts/step_K.jsonl`` (and, when > 0, every
     validation trajectory to ``val_step_K.jsonl``); 0: none."""
-    max_infra_failed_share: float = declared(0.25, Float(ge=0, le=1))
+    max_infra_failed_share: float = 0.25
     """A step whose share of GRPO groups dropped for an infrastructure failure (a search server down after the
     groups' re-runs, ``agentloop.infra_reruns``) is above this stops the run in one line naming the failure; at or
     below it, the step trains the rest. 0: any dropped group stops the run."""

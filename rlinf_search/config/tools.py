@@ -13,7 +13,6 @@ from rlinf_search.agents.config import ToolSpec
 from rlinf_search.agents.toolcall.tool_config import ListedTool
 from rlinf_search.agents.tools import TOOLS
 from rlinf_search.agents.tools.base import TOOL_CLASS_MEMBERS, tool_name
-from rlinf_search.config.readers import get
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.plugin_settings import read_settings
 
@@ -21,11 +20,11 @@ SEARCH_SECTION = "search"
 """The retrieval client's section (``tools.search``, read by ``SearchToolConfig``), not a tool of this list."""
 
 
-def extra_tools(raw: dict, *, protocol: str, search_addr: str, listed: tuple[ListedTool, ...] = (),
+def extra_tools(tools: dict | None, *, protocol: str, search_addr: str, listed: tuple[ListedTool, ...] = (),
                 listed_in: str | None = None) -> tuple[ToolSpec, ...]:
-    """The tools ``tools`` offers beside search, and those the tool config file ``listed_in`` lists (``listed``);
-    ``ConfigError`` in one line for a section or a listed tool that cannot work."""
-    section = dict(get(raw, "tools", {}) or {})
+    """The tools the ``tools`` section offers beside search, and those the tool config file ``listed_in`` lists
+    (``listed``); ``ConfigError`` in one line for a section or a listed tool that cannot work."""
+    section = dict(tools or {})
     for tool in listed:
         if tool.name in section or tool.name == SEARCH_SECTION:
             continue

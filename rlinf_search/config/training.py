@@ -1,77 +1,98 @@
-"""The policy and value updates' typed views, from the raw config: ``actor`` with the ``algorithm`` loss
-keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_cfg``; each raises
-``ConfigError`` naming the key. A key's default is the field default of the view it fills.
+"""The policy and value updates' typed views, from the parsed config (``config/model.py``): ``actor`` with the
+``algorithm`` loss keys (``ActorConfig``), and ``critic`` (``CriticConfig``). Called by ``validate_cfg``; each raises
+``ConfigError`` naming the key.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import replace
 
 import torch
 
-from rlinf_search.config.readers import (
-    entry_settings,
-    get,
-    get_bool,
-    get_float,
-    get_int,
-    get_section,
-    read_view,
+from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, POLICY_LOSSES
+from rlinf_search.config.model import (
+    ActorSection,
+    AlgorithmSection,
+    LrSchedSection,
+    MegatronModelKeys,
+    MegatronSection,
+    OptimSection,
+    TrainConfigFile,
 )
-from rlinf_search.algorithms import POLICY_LOSSES
+from rlinf_search.config.readers import entry_settings
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
-from rlinf_search.key_declarations import training_dtype_name
+from rlinf_search.config.model import training_dtype_name
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
 from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
-from rlinf_search.workers.actor.megatron.config import MODEL_KEYS as MEGATRON_MODEL_KEYS
-from rlinf_search.workers.actor.megatron.config import MegatronConfig, megatron_config_from_actor
+from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig, MegatronConfig
 from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
-from rlinf_search.workers.critic.config import CRITIC_LR, CriticConfig
+from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
 
 log = logging.getLogger(__name__)
 
-# ``critic.use_critic_model``: GRPO and its kin need no value model; only GAE does.
-CRITIC_BY_DEFAULT = False
 
-
-def policy_loss(raw: dict, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
+def policy_loss(algorithm: AlgorithmSection, *, max_response_tokens: int, temperature: float) -> PolicyLossConfig:
     """The ``algorithm`` keys of the loss; ``ratio_clip_eps`` (verl's symmetric clip) fills the clip sides left unset;
     ``policy_loss_settings`` is validated by the loss's own settings model."""
-    symmetric = get_float(raw, "algorithm.ratio_clip_eps", None)
-    low = get_float(raw, "algorithm.clip_ratio_low", PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric)
-    high = get_float(raw, "algorithm.clip_ratio_high", low if symmetric is None else symmetric)
-    # The one key where null is not the default: RLinf writes clip_ratio_c: null to turn dual clip off.
-    algorithm = get(raw, "algorithm", {})
-    dual_clip_off = {"clip_ratio_c": None} if "clip_ratio_c" in algorithm and algorithm["clip_ratio_c"] is None else {}
-    loss = read_view(raw, PolicyLossConfig, "algorithm", clip_ratio_low=low, clip_ratio_high=high,
-                     temperature=temperature, norm_constant=float(max_response_tokens), **dual_clip_off)
-    settings = entry_settings(raw, POLICY_LOSSES.resolve(loss.policy_loss), "algorithm.policy_loss_settings",
-                              name=f"policy_loss {loss.policy_loss}")
-    return replace(loss, policy_loss_settings=settings)
+    symmetric = algorithm.ratio_clip_eps
+    low = algorithm.clip_ratio_low
+    low = (PolicyLossConfig.clip_ratio_low if symmetric is None else symmetric) if low is None else low
+    high = algorithm.clip_ratio_high
+    high = (low if symmetric is None else symmetric) if high is None else high
+    for key, registry in (("policy_loss", POLICY_LOSSES), ("loss_agg_func", LOSS_AGGREGATIONS),
+                          ("kl_penalty_type", KL_ESTIMATORS), ("mismatch_correction", MISMATCH_CORRECTIONS)):
+        name = getattr(algorithm, key)
+        if name is not None:
+            try:
+                registry.resolve(name, key=f"algorithm.{key}")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+    settings = entry_settings(algorithm.policy_loss_settings, POLICY_LOSSES.resolve(algorithm.policy_loss),
+                              "algorithm.policy_loss_settings", name=f"policy_loss {algorithm.policy_loss}")
+    return PolicyLossConfig(
+        policy_loss=algorithm.policy_loss, policy_loss_settings=settings, clip_ratio_low=low, clip_ratio_high=high,
+        clip_ratio_c=algorithm.clip_ratio_c, loss_agg_func=algorithm.loss_agg_func, kl_beta=algorithm.kl_beta,
+        kl_penalty_type=algorithm.kl_penalty_type, entropy_bonus=algorithm.entropy_bonus, temperature=temperature,
+        mismatch_correction=algorithm.mismatch_correction, max_token_lag=algorithm.max_token_lag,
+        norm_constant=float(max_response_tokens), top_k_divergence=algorithm.distill.top_k_divergence)
 
 
-def _optim(optim: dict, lr_sched: dict, *, total_steps: int, lr: float | None = None) -> OptimConfig:
-    """``<section>.optim`` and ``<section>.lr_sched`` (their keys are ``OptimConfig``'s fields, defaults
-    included) over ``total_steps`` optimizer steps; ``lr``: the section's own default lr."""
-    settings = {**({} if lr is None else {"lr": lr}), **optim, **lr_sched}
-    return OptimConfig(total_steps=total_steps, **settings)
+def _optim(optim: OptimSection, lr_sched: LrSchedSection, *, total_steps: int) -> OptimConfig:
+    """``<section>.optim`` and ``<section>.lr_sched`` over ``total_steps`` optimizer steps."""
+    return OptimConfig(total_steps=total_steps, **optim.model_dump(), **lr_sched.model_dump())
 
 
-def actor_config(raw: dict, *, model_path: str, loss: PolicyLossConfig, run_steps: int, seed: int) -> ActorConfig:
+def actor_config(cfg: TrainConfigFile, *, model_path: str, loss: PolicyLossConfig, run_steps: int) -> ActorConfig:
     """``actor`` and the ``algorithm`` keys of the policy update (``loss``: ``policy_loss``'s); the lr schedule spans
-    ``run_steps`` steps of ``ppo_epochs x n_minibatches`` optimizer steps each. ``seed``: ``data.seed``."""
-    offload = OffloadConfig(weights=get_bool(raw, "actor.offload_weight", OffloadConfig.weights),
-                            grads=get_bool(raw, "actor.offload_grad", OffloadConfig.grads),
-                            optimizer=get_bool(raw, "actor.offload_optimizer", OffloadConfig.optimizer))
-    actor = read_view(raw, ActorConfig, "", model_path=model_path, loss=loss, seed=seed, offload=offload,
-                      max_tokens_per_mbs=get_int(raw, "runner.max_tokens_per_mbs", None))
-    backend = actor.training_backend
-    megatron = _megatron(raw, backend, model_path)
+    ``run_steps`` steps of ``ppo_epochs x n_minibatches`` optimizer steps each."""
+    section, algorithm = cfg.actor, cfg.algorithm
+    backend = section.training_backend
+    try:
+        TRAINING_BACKENDS.resolve(backend, key="actor.training_backend")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    model = section.model
+    try:
+        dtype = training_dtype_name(model.precision)
+    except ValueError as exc:
+        raise ConfigError(f"actor.model.precision: {exc}") from None
+    steps = run_steps * algorithm.ppo_epochs * algorithm.n_minibatches
+    actor = ActorConfig(
+        model_path=model_path, loss=loss, seed=cfg.data.seed, ppo_epochs=algorithm.ppo_epochs,
+        n_minibatches=algorithm.n_minibatches, max_tokens_per_mbs=cfg.runner.max_tokens_per_mbs, dtype=dtype,
+        gradient_checkpointing=model.enable_gradient_checkpointing, pack_sequences=model.use_remove_padding,
+        pack_traj=section.pack_traj, attn_implementation=model.attn_implementation,
+        compile_layers=model.compile_layers, logprob_chunk_tokens=model.logprob_chunk_size,
+        fsdp_cpu_offload=section.fsdp_config.cpu_offload, shuffle_rollout=algorithm.shuffle_rollout,
+        training_backend=backend, forward_micro_batch_size=algorithm.logprob_forward_micro_batch_size,
+        offload=OffloadConfig(weights=section.offload_weight, grads=section.offload_grad,
+                              optimizer=section.offload_optimizer),
+        megatron=_megatron(section, backend, model_path),
+        optim=_optim(section.optim, section.lr_sched, total_steps=steps))
     if backend == "megatron" and actor.gradient_checkpointing:
         raise ConfigError("actor.model.enable_gradient_checkpointing: the megatron backend recomputes activations "
                           "by actor.model.recompute_granularity instead")
@@ -85,9 +106,7 @@ def actor_config(raw: dict, *, model_path: str, loss: PolicyLossConfig, run_step
         raise ConfigError(f"actor.fsdp_config.cpu_offload: read by actor.training_backend: fsdp only, and this run "
                           f"uses {backend}")
     _check_attn_implementation(actor)
-    steps = run_steps * actor.ppo_epochs * actor.n_minibatches
-    return replace(actor, megatron=megatron, optim=_optim(
-        get_section(raw, "actor.optim"), get_section(raw, "actor.lr_sched"), total_steps=steps))
+    return actor
 
 
 def _check_attn_implementation(actor: ActorConfig) -> None:
@@ -115,52 +134,57 @@ def _check_attn_implementation(actor: ActorConfig) -> None:
     return name
 
 
-def critic_config(raw: dict, actor: ActorConfig, *, total_steps: int, group_name: str) -> CriticConfig | None:
+def critic_config(cfg: TrainConfigFile, actor: ActorConfig, *, total_steps: int) -> CriticConfig | None:
     """``critic`` when ``use_critic_model`` is true: it trains on the actor's batches, with its own optimizer."""
-    if not get_bool(raw, "critic.use_critic_model", CRITIC_BY_DEFAULT):
+    critic = cfg.critic
+    if not critic.use_critic_model:
         return None
-    value_clip = get_float(raw, "algorithm.value_clip", CriticConfig.value_clip)
-    warmup = get_int(raw, "critic.warmup_steps", CriticConfig.warmup_steps)
-    if not 0 <= warmup < total_steps:
-        raise ConfigError(f"critic.warmup_steps must be in [0, {total_steps}) (the run's steps), got {warmup}: "
-                          "the actor trains only after it")
+    if not 0 <= critic.warmup_steps < total_steps:
+        raise ConfigError(f"critic.warmup_steps must be in [0, {total_steps}) (the run's steps), got "
+                          f"{critic.warmup_steps}: the actor trains only after it")
+    try:
+        dtype = training_dtype_name(critic.model.precision)
+    except ValueError as exc:
+        raise ConfigError(f"critic.model.precision: {exc}") from None
     return CriticConfig(
-        model_path=get(raw, "critic.model.model_path", actor.model_path), value_clip=value_clip,
-        optim=_optim(get_section(raw, "critic.optim"), get_section(raw, "critic.lr_sched"),
-                     total_steps=actor.optim.total_steps, lr=CRITIC_LR),
+        model_path=critic.model.model_path or actor.model_path, value_clip=cfg.algorithm.value_clip,
+        optim=_optim(critic.optim, critic.lr_sched, total_steps=actor.optim.total_steps),
         loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
-        n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs,
-        dtype=_training_dtype(get(raw, "critic.model.precision", CriticConfig.dtype)), seed=actor.seed,
-        shuffle_rollout=actor.shuffle_rollout, warmup_steps=warmup, group_name=group_name,
+        n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs, dtype=dtype, seed=actor.seed,
+        shuffle_rollout=actor.shuffle_rollout, warmup_steps=critic.warmup_steps, group_name=critic.group_name,
         training_backend=actor.training_backend, gradient_checkpointing=actor.gradient_checkpointing,
         pack_sequences=actor.pack_sequences)
 
 
-def _training_dtype(precision: str) -> str:
-    """``critic.model.precision`` as a torch dtype name; fp16 refused (``training_dtype_name``)."""
-    try:
-        return training_dtype_name(precision)
-    except ValueError as exc:
-        raise ConfigError(f"critic.model.precision: {exc}") from None
-
-
-def _megatron(raw: dict, backend: str, model_path: str) -> MegatronConfig | None:
+def _megatron(actor: ActorSection, backend: str, model_path: str) -> MegatronConfig | None:
     """``actor.megatron`` and the Megatron-only ``actor.model`` keys: read by that backend, an error elsewhere.
 
     Only the config is checked here, so a GPU recipe validates on any machine; whether megatron-core
     and GPUs are there is checked when the run starts (``require_training_backend``)."""
-    try:
-        TRAINING_BACKENDS.resolve(backend, key="actor.training_backend")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    actor = get(raw, "actor", {})
     if backend != "megatron":
-        named = [f"actor.model.{key}" for key in MEGATRON_MODEL_KEYS if key in (actor.get("model") or {})]
-        named += ["actor.megatron"] if "megatron" in actor else []
+        named = [f"actor.model.{key}" for key in MegatronModelKeys.model_fields if key in actor.model.model_fields_set]
+        named += ["actor.megatron"] if actor.megatron is not None else []
         if named:
             raise ConfigError(f"{named[0]}: read by actor.training_backend: megatron only, and this run uses {backend}")
         return None
     try:
-        return megatron_config_from_actor(actor, default_hf_model_path=model_path)
+        return megatron_config(actor, default_hf_model_path=model_path)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def megatron_config(actor: ActorSection, *, default_hf_model_path: str) -> MegatronConfig:
+    """``MegatronConfig`` from the ``actor`` section; ValueError naming the key for what only this backend refuses
+    (the checkpoint converter's tensor and pipeline sizes default to the model's)."""
+    megatron = actor.megatron or MegatronSection()
+    if not megatron.use_hf_ckpt:
+        raise ValueError("actor.megatron.use_hf_ckpt must be true: the Megatron actor starts from the HF "
+                         "weights at rollout.model.model_path (convert a Megatron checkpoint with "
+                         "toolkits/convert_megatron_to_hf.py first)")
+    model = actor.model.model_dump(include=set(MegatronModelKeys.model_fields))
+    converter = {"hf_model_path": default_hf_model_path,
+                 "tensor_model_parallel_size": model["tensor_model_parallel_size"],
+                 "pipeline_model_parallel_size": model["pipeline_model_parallel_size"],
+                 **megatron.ckpt_convertor.model_dump(exclude_unset=True)}
+    return MegatronConfig(**model, distributed_timeout_minutes=megatron.distributed_timeout_minutes,
+                          core_attention=megatron.core_attention, converter=CheckpointConverterConfig(**converter))

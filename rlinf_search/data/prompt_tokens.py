@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlinf_search.data.io_struct import QARecord
-from rlinf_search.key_declarations import BOOL, Choice, Int, check_fields, declared
 
 TRUNCATIONS = ("error", "left", "right")
 
@@ -20,20 +19,17 @@ TRUNCATIONS = ("error", "left", "right")
 class PromptLimit:
     """How the run treats prompts over ``data.max_prompt_length``."""
 
-    max_prompt_tokens: int = declared(1024, Int(ge=1, relation="< runner.seq_length"), at="max_prompt_length")
+    max_prompt_tokens: int = 1024
     """``data.max_prompt_length``."""
-    filter_overlong: bool = declared(False, BOOL, at="filter_overlong_prompts")
+    filter_overlong: bool = False
     """``data.filter_overlong_prompts``: drop overlong prompts at start-up (the count is logged)."""
-    truncation: str = declared("error", Choice(*TRUNCATIONS))
+    truncation: str = "error"
     """``data.truncation``: what the agent loop does with an overlong prompt that was not dropped."""
-    apply_chat_template: bool = declared(True, BOOL)
+    apply_chat_template: bool = True
     """``data.apply_chat_template``: how chat prompts are tokenized (as the agent loop does)."""
     tools: tuple[dict, ...] | None = None
     """Tool schemas the chat template renders into every prompt (``agent.protocol: toolcall``), so the limit
     measures what the engine is given; None: no tools."""
-
-    def __post_init__(self) -> None:
-        check_fields(self, "data")
 
 
 class PromptTooLong(ValueError):

@@ -20,7 +20,7 @@ class TeacherConfig(ConfigSection):
 
     base_url: str = "http://127.0.0.1:8001/v1"
     """The server's OpenAI API root (``vllm serve`` and ``python -m rlinf_search.serve`` serve ``/v1``)."""
-    model: str = ""
+    model: str = Field("", json_schema_extra={"default_words": "required"})
     """The model name requests carry (``vllm serve``'s ``--served-model-name``, else its path)."""
     tokenizer: str | None = None
     """None: the teacher shares the student's tokenizer and scores the sampled ids as they are (checked
@@ -73,13 +73,11 @@ class TeacherConfig(ConfigSection):
                            max_concurrency=self.max_concurrency, rate_limit_per_s=self.rate_limit_per_s)
 
 
-class DistillConfig(ConfigSection):
-    """``algorithm.distill``: how the teacher's per-token signal enters the advantage."""
+class DistillSettings(ConfigSection):
+    """``algorithm.distill``'s keys of the distillation term (the config's section adds ``enable``, the teacher's
+    section and ``top_k_divergence``: ``config/model.py``)."""
 
     config_path = "algorithm.distill"
-
-    teacher: TeacherConfig
-    """``algorithm.distill.teacher``."""
     mode: Literal["add", "only"] = "add"
     """``add``: the term is added to the GRPO advantage; ``only``: it replaces it."""
     coef: float = Field(1.0, ge=0)
@@ -106,6 +104,13 @@ class DistillConfig(ConfigSection):
     ``failure_window_steps`` steps got no teacher signal (a teacher that is down for good)."""
     failure_window_steps: int = Field(5, ge=1)
     """Steps the failure share is measured over."""
+
+
+class DistillConfig(DistillSettings):
+    """``algorithm.distill``: how the teacher's per-token signal enters the advantage."""
+
+    teacher: TeacherConfig
+    """``algorithm.distill.teacher``."""
     temperature: float = Field(1.0, gt=0, json_schema_extra={"set_from": "algorithm.sampling_params.temperature"})
     """The rollout temperature, at which both log-probs are taken (from ``algorithm.sampling_params``)."""
 

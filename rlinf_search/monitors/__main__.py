@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from rlinf_search.config.readers import read_view
+from rlinf_search.section_model import parse_section
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.monitors.config import MonitorsConfig
 from rlinf_search.monitors.rules import check_stop_on, replay
@@ -32,7 +32,10 @@ def run_monitors(run_dir: Path, overrides: list[str]) -> MonitorsConfig:
         if not sep or not key.startswith("monitors."):
             raise ConfigError(f"{item}: expected monitors.KEY=VALUE")
         section[key.split(".", 1)[1]] = yaml.safe_load(value)
-    monitors = read_view({"monitors": section}, MonitorsConfig, "monitors")
+    try:
+        monitors = parse_section(MonitorsConfig, section, path="monitors")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     check_stop_on(monitors.stop_on)
     return monitors
 

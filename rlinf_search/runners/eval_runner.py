@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     trained.add_argument("--protocol", default=None, help="agent.protocol: searchr1 (tags) or toolcall (function "
                          f"calling with the built-in search schema); default {AgentLoopConfig.protocol}")
     trained.add_argument("--max-turns", type=int, default=None, help=f"default {AgentLoopConfig.max_turns}")
-    trained.add_argument("--topk", type=int, default=None, help=f"passages per search; default {SearchToolConfig.model_fields['topk'].default}")
+    trained.add_argument("--topk", type=int, default=None,
+                         help=f"passages per search; default {SearchToolConfig.model_fields['topk'].default}")
     trained.add_argument("--max-new-tokens", type=int, default=None,
                          help=f"most tokens per turn; default {SamplingParams.max_new_tokens}")
     args = parser.parse_args(argv)

@@ -17,8 +17,8 @@ import yaml
 
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.config.raw import resolve_raw
-from rlinf_search.config.readers import get_int
-from rlinf_search.config.runner import RunnerConfig
+from rlinf_search.config.model import TrainConfigFile
+from rlinf_search.config.readers import parse_config
 from rlinf_search.config.schema import SCHEMA, ConfigError
 from rlinf_search.config.sections import agent_loop, prompt_limit, sampling_params
 from rlinf_search.data.io_struct import SamplingParams
@@ -117,9 +117,10 @@ def eval_settings(model_dir: Path, server_addr: str, overrides: EvalOverrides) -
 def _training_agent(path: Path) -> tuple[SearchToolConfig, AgentLoopConfig]:
     """``tools.search`` and the agent loop as the training run built them from its saved config."""
     try:
-        raw = resolve_raw(yaml.safe_load(path.read_text()), schema=SCHEMA)
-        seq_length = get_int(raw, "runner.seq_length", RunnerConfig.seq_length)
-        sampling = sampling_params(raw)
-        return agent_loop(raw, sampling, limit=prompt_limit(raw, seq_length=seq_length), seq_length=seq_length)
+        parsed = parse_config(TrainConfigFile, resolve_raw(yaml.safe_load(path.read_text()), schema=SCHEMA))
+        seq_length = parsed.runner.seq_length
+        sampling = sampling_params(parsed.algorithm.sampling_params)
+        return agent_loop(parsed, sampling, limit=prompt_limit(parsed.data, seq_length=seq_length),
+                          seq_length=seq_length)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

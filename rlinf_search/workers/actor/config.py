@@ -5,88 +5,67 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, POLICY_LOSSES
-from rlinf_search.algorithms.losses import TOP_K_DIVERGENCES
-from rlinf_search.key_declarations import (
-    BOOL,
-    PRECISION,
-    STR,
-    Choice,
-    Float,
-    Int,
-    check_fields,
-    declared,
-    training_dtype_name,
-)
 from rlinf_search.workers.actor.megatron.config import MegatronConfig
 from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.offload import OffloadConfig
 
 
-LR_SCHED_KEYS = ("lr_warmup_fraction", "lr_decay_style", "min_lr")
-"""``OptimConfig``'s fields that the config writes under ``lr_sched``; its other declared fields are ``optim``'s."""
-
-
 @dataclass(frozen=True)
 class OptimConfig:
-    """``actor.optim`` and ``actor.lr_sched`` (and ``critic.optim`` / ``critic.lr_sched``): each key declared here once,
-    ``config/schema.py`` takes both sections' keys from these fields (``LR_SCHED_KEYS`` are ``lr_sched``'s)."""
+    """``actor.optim`` and ``actor.lr_sched`` (or ``critic``'s) together, over the run's optimizer steps."""
 
-    lr: float = declared(1e-6, Float(ge=0, le=1))
+    lr: float = 1e-6
     """Peak learning rate (Search-R1: 1e-6)."""
-    adam_beta1: float = declared(0.9, Float(ge=0, lt=1))
+    adam_beta1: float = 0.9
     """AdamW beta1."""
-    adam_beta2: float = declared(0.999, Float(ge=0, lt=1))
+    adam_beta2: float = 0.999
     """AdamW beta2."""
-    adam_eps: float = declared(1e-8, Float(gt=0, le=1))
+    adam_eps: float = 1e-8
     """AdamW epsilon."""
-    weight_decay: float = declared(0.01, Float(ge=0, le=1))
+    weight_decay: float = 0.01
     """AdamW decoupled weight decay."""
-    clip_grad: float = declared(1.0, Float(gt=0))
+    clip_grad: float = 1.0
     """Global gradient-norm clip."""
-    lr_warmup_fraction: float = declared(0.0, Float(ge=0, le=1))
+    lr_warmup_fraction: float = 0.0
     """Share of ``total_steps`` spent warming up linearly from 0 (Search-R1: 0.285)."""
-    lr_decay_style: str = declared("constant", Choice("constant", "cosine"))
+    lr_decay_style: str = "constant"
     """After warm-up: ``constant`` or ``cosine`` (down to ``min_lr``)."""
-    min_lr: float = declared(0.0, Float(ge=0, le=1))
+    min_lr: float = 0.0
     """Floor of the cosine decay."""
     total_steps: int = 1
     """Optimizer steps of the whole run (warm-up and decay are fractions of it)."""
 
-    def __post_init__(self) -> None:
-        check_fields(self, "optim")
-
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    """The ``algorithm`` keys the policy update reads; each declared field reads the key of its name."""
+    """The ``algorithm`` keys the policy update reads."""
 
-    policy_loss: str = declared("ppo", STR, registry=POLICY_LOSSES)
+    policy_loss: str = "ppo"
     """``algorithm.policy_loss``: the loss per model token (``POLICY_LOSSES``: a registered name or a dotted path)."""
     policy_loss_settings: Any = None
     """``algorithm.policy_loss_settings``: the loss's own keys, an instance of the settings model it declares
     (``plugin_settings.with_settings``), passed to it as ``settings=``; None for a loss that declares none."""
-    clip_ratio_low: float = declared(0.2, Float(gt=0, lt=1), default_words="`ratio_clip_eps`, else 0.2")
+    clip_ratio_low: float = 0.2
     """PPO clip below 1 (``ratio_clip_eps`` sets both sides when the asymmetric keys are absent)."""
-    clip_ratio_high: float = declared(0.2, Float(gt=0), default_words="`ratio_clip_eps`, else `clip_ratio_low`")
+    clip_ratio_high: float = 0.2
     """PPO clip above 1 (DAPO/slime use 0.28)."""
-    clip_ratio_c: float | None = declared(3.0, Float(gt=1))
+    clip_ratio_c: float | None = 3.0
     """Dual-clip constant for negative advantages; None turns it off."""
-    loss_agg_func: str = declared("token-mean", STR, registry=LOSS_AGGREGATIONS)
+    loss_agg_func: str = "token-mean"
     """``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``."""
-    kl_beta: float = declared(0.0, Float(ge=0))
+    kl_beta: float = 0.0
     """Coefficient of the KL-to-reference loss term (Search-R1: 0.001); 0 skips the reference model."""
-    kl_penalty_type: str = declared("low_var_kl", STR, registry=KL_ESTIMATORS)
+    kl_penalty_type: str = "low_var_kl"
     """KL estimator: ``k1``, ``k2``, ``low_var_kl`` (k3)."""
-    entropy_bonus: float = declared(0.0, Float(ge=0))
+    entropy_bonus: float = 0.0
     """Entropy coefficient (Search-R1: 0.001, RLinf: 0)."""
     temperature: float = 1.0
     """Sampling temperature: log-probs are recomputed as log_softmax(logits / temperature)."""
-    mismatch_correction: str | None = declared(None, STR, registry=MISMATCH_CORRECTIONS)
+    mismatch_correction: str | None = None
     """Train/inference mismatch and staleness correction: None, ``tis`` (truncate), ``mask`` (token-level MIS) or
     ``decoupled`` (AReaL's decoupled objective, the weight untruncated) or ``m2po`` (``decoupled`` with M2PO's
     second-moment token mask)."""
-    max_token_lag: int | None = declared(None, Int(ge=0))
+    max_token_lag: int | None = None
     """Model tokens sampled more than this many policy versions before the one the update starts from are
     dropped from the loss and counted (``actor/stale_fraction``); None keeps every token."""
     mismatch_cap: float = 2.0
@@ -95,15 +74,15 @@ class PolicyLossConfig:
     """Lower bound of the ``mask`` band."""
     norm_constant: float | None = None
     """The constant length of ``seq-mean-token-sum-norm`` (default: the response token budget)."""
-    top_k_divergence: str = declared("forward", Choice(*TOP_K_DIVERGENCES), at="distill.top_k_divergence")
+    top_k_divergence: str = "forward"
     """``algorithm.distill.top_k_divergence``: the direction of the KL to the distillation teacher's top k
     (``forward`` = KL(teacher || student), ``reverse``); read only when the batch carries a top k."""
 
 
 @dataclass(frozen=True)
 class ActorConfig:
-    """Everything the actor needs to build its model and run PPO updates. A declared field reads the key at its
-    ``at`` from the config's top (``actor.model.precision``, ``algorithm.ppo_epochs``); the others are given."""
+    """Everything the actor needs to build its model and run PPO updates (built by ``config/training.py`` from the
+    ``actor`` and ``algorithm`` sections)."""
 
     model_path: str
     """Hugging Face causal LM directory."""
@@ -111,50 +90,50 @@ class ActorConfig:
     """Optimizer and schedule."""
     loss: PolicyLossConfig = PolicyLossConfig()
     """Policy-loss settings."""
-    ppo_epochs: int = declared(1, Int(ge=1), at="algorithm.ppo_epochs")
+    ppo_epochs: int = 1
     """Passes over each rollout batch."""
-    n_minibatches: int = declared(1, Int(ge=1), at="algorithm.n_minibatches")
+    n_minibatches: int = 1
     """Optimizer steps per epoch; the batch is cut into this many mini-batches."""
     max_tokens_per_mbs: int | None = None
     """Token budget of a micro-batch (gradient accumulation); None = one micro-batch per mini-batch."""
-    dtype: str = declared("float32", PRECISION, at="actor.model.precision", convert=training_dtype_name)
+    dtype: str = "float32"
     """``actor.model.precision``: compute precision, ``float32`` or ``bfloat16``. Parameters, gradients and
     optimizer state are fp32 either way (bf16 compute over fp32 master weights)."""
-    gradient_checkpointing: bool = declared(False, BOOL, at="actor.model.enable_gradient_checkpointing")
+    gradient_checkpointing: bool = False
     """``actor.model.enable_gradient_checkpointing``: recompute each layer's activations in backward."""
-    pack_sequences: bool = declared(True, BOOL, at="actor.model.use_remove_padding")
+    pack_sequences: bool = True
     """``actor.model.use_remove_padding``: a micro-batch's rows go through the model as one packed sequence
     (position ids restart per row), so no padding token is computed."""
-    pack_traj: bool = declared(True, BOOL, at="actor.pack_traj")
+    pack_traj: bool = True
     """``actor.pack_traj``: a multi-turn trajectory trains as one sequence (its tool observations masked). False:
     each model turn is its own sequence, its context the trajectory before it (RLinf's turn-level training;
     ``data/turn_rows.py``), weighted so the loss is the same aggregation over trajectories; it costs a forward
     pass over each turn's context. Old and reference log-probs are still scored on the whole trajectory."""
-    attn_implementation: str | None = declared(None, STR, at="actor.model.attn_implementation")
+    attn_implementation: str | None = None
     """``actor.model.attn_implementation``: the HF attention kernel of the actor's models (policy, reference,
     the InferenceGroup's copies): ``sdpa``, ``eager``, ``sdpa_varlen``, ``flash_attention_2``, ...
     (``hf_model.py``); None: ``sdpa_varlen`` when ``pack_sequences``, else transformers' default (sdpa)."""
-    compile_layers: bool = declared(False, BOOL, at="actor.model.compile_layers")
+    compile_layers: bool = False
     """``actor.model.compile_layers``: compile each decoder layer with ``torch.compile`` (``fsdp`` and ``ddp``;
     ``hf_model.compile_decoder_layers``): the layers' small ops fused around the matmuls, the attention kernel left
     eager. Costs a compile at the first update (and a recompile when shapes first change)."""
-    logprob_chunk_tokens: int = declared(1024, Int(ge=1), at="actor.model.logprob_chunk_size")
+    logprob_chunk_tokens: int = 1024
     """``actor.model.logprob_chunk_size``: response tokens per LM-head chunk when computing log-probs."""
-    fsdp_cpu_offload: bool = declared(False, BOOL, at="actor.fsdp_config.cpu_offload")
+    fsdp_cpu_offload: bool = False
     """``actor.fsdp_config.cpu_offload``: FSDP2 keeps parameter and optimizer shards in CPU memory and
     moves each layer to the GPU for its compute (for GPUs too small for the shards)."""
     seed: int = 0
     """Seed for mini-batch shuffling."""
-    shuffle_rollout: bool = declared(True, BOOL, at="algorithm.shuffle_rollout")
+    shuffle_rollout: bool = True
     """``algorithm.shuffle_rollout``: shuffle the batch's rows before each epoch cuts it into mini-batches;
     false keeps rollout order (a prompt's group stays in one mini-batch where the sizes allow)."""
-    training_backend: str = declared("fsdp", STR, at="actor.training_backend")
+    training_backend: str = "fsdp"
     """``actor.training_backend``: ``fsdp`` (FSDP2: parameters, gradients and optimizer state sharded over
     the ranks), ``ddp`` (a whole copy per rank) or ``megatron`` (megatron-core, tensor parallel; GPUs only).
     See ``workers/actor/backends.py``."""
     megatron: MegatronConfig | None = None
     """The Megatron backend's parallel/recompute settings; None for ``fsdp``."""
-    forward_micro_batch_size: int | None = declared(None, Int(ge=1), at="algorithm.logprob_forward_micro_batch_size")
+    forward_micro_batch_size: int | None = None
     """``algorithm.logprob_forward_micro_batch_size``: rows per forward-only pass (old and reference
     log-probs); None packs rows by ``max_tokens_per_mbs`` instead."""
     sync_dtype: str | None = None

@@ -5,18 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_search.key_declarations import STR, Float, declared
-from rlinf_search.rewards import REWARDS
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     """What the RewardGroup grades trajectories with."""
 
-    score: str = declared("em", STR, registry=REWARDS)
+    score: str = "em"
     """``reward.score``: a registered reward (``em``, ``subem``, ``f1``, ``format_em``) or a dotted path
     to ``fn(solution_str, golden_answers, **kwargs) -> float``."""
-    scale: float = declared(1.0, Float(gt=0), at="reward_scale")
+    scale: float = 1.0
     """``reward.reward_scale``: multiplier of the score."""
     score_settings: Any = None
     """``reward.score_settings`` validated by the settings model the score declares (``@with_settings``), passed

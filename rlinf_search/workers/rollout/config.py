@@ -1,39 +1,37 @@
 """``RolloutConfig``: the typed view of the ``rollout`` section (which engine, which weights, how much memory).
 
-Each field declares the key it reads (``declared``): its type, range and default are written here once, and
-``SCHEMA``'s ``rollout`` section is made from them (``section_tree``)."""
+``validate_cfg`` builds it from the parsed ``rollout`` section (``config/model.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from rlinf_search.key_declarations import BOOL, PRECISION, STR, Float, Int, check_fields, declared, dtype_name
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """How the rollout engine is built and fed: every field but the weight sync's bucket size is read by an engine
     factory."""
 
-    backend: str = declared("hf", STR, at="rollout_backend")
+    backend: str = "hf"
     """``rollout.rollout_backend``: ``hf`` (the CPU default), ``vllm``, or a dotted path to a factory."""
-    model_path: str = declared(MISSING, STR, at="model.model_path")
+    model_path: str
     """``rollout.model.model_path``: a Hugging Face model directory (the starting policy)."""
-    dtype: str = declared("auto", PRECISION, at="model.precision", convert=dtype_name)
+    dtype: str = "auto"
     """``rollout.model.precision`` as a torch dtype name; ``auto``: bf16 on GPU, fp32 on CPU."""
-    max_running_requests: int = declared(64, Int(ge=1))
+    max_running_requests: int = 64
     """Most sequences an engine decodes at once (vLLM's ``max_num_seqs``)."""
-    gpu_memory_utilization: float = declared(0.5, Float(gt=0, le=1))
+    gpu_memory_utilization: float = 0.5
     """Read by vLLM only (its ``EngineTraits.own_keys``): share of the device's memory vLLM takes for weights and
     KV cache. Collocated with an FSDP actor, leave the rest to the actor; on CPU it is the share of RAM, and about
     0.3 suits a laptop."""
-    tensor_parallel_size: int = declared(1, Int(ge=1))
+    tensor_parallel_size: int = 1
     """Devices one engine spans. Each rollout rank drives exactly one device in this build, so 1."""
-    update_weights_bucket_megabytes: int = declared(256, Int(ge=1))
+    update_weights_bucket_megabytes: int = 256
     """``rollout.update_weights_bucket_megabytes``: the size of each bucket a weight sync streams to the engines
     (verl's key of the same name). Read by the weight sync, not the engine: the sender packs the next bucket while
     the engines load this one, and a receiver holds one bucket at a time."""
-    seeded: bool = declared(True, BOOL)
+    seeded: bool = True
     """``rollout.seeded``: every request samples with its own seed, derived from the rank's checkpointed
     generator, so a resumed run replays the rollout exactly and a request's tokens do not depend on what it
     was batched with. false: requests draw from the engine's shared generator, which vLLM samples in one
@@ -46,7 +44,6 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("rollout.model.model_path is required")
-        check_fields(self, "rollout")
         if self.tensor_parallel_size != 1:
             # A rank sees only its own device (CUDA_VISIBLE_DEVICES), so an engine cannot span several;
             # Qwen2.5-3B fits one GPU, and 8 GPUs run 8 data-parallel engines instead.
