@@ -17,7 +17,7 @@ from rlinf_search.key_ranges import leaves
 PACKAGE = Path(config_package.__file__).parent
 # Where a section is read whole (``model_dump``) into a view: each of its keys is read there.
 READ_WHOLE = {"actor.optim", "actor.lr_sched", "critic.optim", "critic.lr_sched", "actor.megatron.ckpt_convertor",
-              "algorithm.distill", "monitors"}
+              "algorithm.distill", "monitors", "actor.megatron"}
 
 
 def _attributes_read() -> set[str]:

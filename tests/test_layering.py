@@ -46,7 +46,7 @@ def test_the_reward_worker_loads_only_rewards_and_the_runtime():
     # (a stdlib-only module): nothing of training, rollout or runs.
     packages = ("rlinf_search.rewards", "rlinf_search.scheduler", "rlinf_search.workers.reward")
     modules = ("rlinf_search", "rlinf_search.workers", "rlinf_search.data", "rlinf_search.data.io_struct",
-               "rlinf_search.registry", "rlinf_search.plugins", "rlinf_search.key_ranges")
+               "rlinf_search.registry", "rlinf_search.plugins", "rlinf_search.section_model")
     stray = [m for m in loaded if m not in modules and not m.startswith(packages)]
     assert not stray, stray
     assert len(loaded) <= 25, loaded  # 70 when the worker took the whole RunConfig

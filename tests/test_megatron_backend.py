@@ -263,7 +263,7 @@ def test_megatron_trainer_update_matches_the_one_process_trainer(untied_model_di
 
     batch = _uneven_batch(AutoTokenizer.from_pretrained(untied_model_dir))
     config = _config(untied_model_dir)
-    config = replace(config, optim=replace(config.optim, clip_grad=0.1))
+    config = replace(config, optim=config.optim.replace(clip_grad=0.1))
     single = PolicyTrainer(config)
     batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [single.compute_logprobs(batch)])
     expected = single.train_on_batch(batch)

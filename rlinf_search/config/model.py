@@ -16,6 +16,12 @@ from pydantic import Field
 
 from rlinf_search.distill.config import DistillSettings
 from rlinf_search.monitors.config import MonitorsConfig
+from rlinf_search.workers.actor.config import LrSchedSection, OptimSection
+from rlinf_search.workers.actor.megatron.config import (
+    CheckpointConverterConfig,
+    MegatronBackendKeys,
+    MegatronModelKeys,
+)
 from rlinf_search.section_model import ConfigSection
 
 Precision = Literal["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
@@ -207,23 +213,6 @@ class AlgorithmSection(EvalAlgorithmSection):
 # ----------------------------------------------------------------------------------------------------------- actor
 
 
-class MegatronModelKeys(ConfigSection):
-    """The ``actor.model`` keys read by ``actor.training_backend: megatron`` only (``MegatronConfig``)."""
-
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    """Tensor-parallel ranks one model spans."""
-    pipeline_model_parallel_size: int = Field(1, ge=1)
-    """Pipeline stages (1 in this build)."""
-    sequence_parallel: bool = False
-    """Megatron's sequence parallelism (with tensor parallelism)."""
-    recompute_granularity: Literal["full", "selective"] | None = None
-    """Activation recompute: ``full`` or ``selective``; null: none."""
-    recompute_method: Literal["uniform", "block"] | None = None
-    """How ``full`` recompute groups layers."""
-    recompute_num_layers: int | None = Field(None, ge=1)
-    """Layers per recompute group."""
-
-
 class ActorModelSection(MegatronModelKeys):
     """``actor.model``: how the actor's models are built."""
 
@@ -248,60 +237,14 @@ class FsdpSection(ConfigSection):
     """FSDP2 keeps parameter and optimizer shards in CPU memory and moves each layer to the GPU for its compute."""
 
 
-class CheckpointConverterSection(ConfigSection):
-    """``actor.megatron.ckpt_convertor``: how ``toolkits/convert_megatron_to_hf.py`` reads a Megatron checkpoint."""
-
-    hf_model_path: str | None = Field(None, json_schema_extra={"default_words": "`rollout.model.model_path`"})
-    """HF model directory whose ``config.json`` describes the architecture (default: ``rollout.model.model_path``)."""
-    save_path: str | None = None
-    """Where the converted HF model goes (the CLI's ``--save-path`` wins)."""
-    tensor_model_parallel_size: int = Field(1, ge=1, json_schema_extra={
-        "default_words": "`actor.model.tensor_model_parallel_size`"})
-    """Tensor-parallel shards the checkpoint holds."""
-    pipeline_model_parallel_size: int = Field(1, ge=1, json_schema_extra={
-        "default_words": "`actor.model.pipeline_model_parallel_size`"})
-    """Pipeline stages the checkpoint holds."""
-
-
-class MegatronSection(ConfigSection):
+class MegatronSection(MegatronBackendKeys):
     """``actor.megatron``: read by ``actor.training_backend: megatron`` only."""
 
     use_hf_ckpt: bool = True
-    """Start from the HF checkpoint at ``rollout.model.model_path``."""
-    distributed_timeout_minutes: int = Field(30, ge=1)
-    """Collective timeout of the actor's process groups."""
-    core_attention: Literal["local", "sdpa"] = "local"
-    """``local`` (megatron-core's) or ``sdpa`` (torch's fused attention; untested on GPU)."""
-    ckpt_convertor: CheckpointConverterSection = CheckpointConverterSection()
+    """Start from the HF checkpoint at ``rollout.model.model_path`` (only true: convert a Megatron checkpoint with
+    ``toolkits/convert_megatron_to_hf.py`` first)."""
+    ckpt_convertor: CheckpointConverterConfig = CheckpointConverterConfig()
     """The checkpoint converter's settings."""
-
-
-class OptimSection(ConfigSection):
-    """``<actor|critic>.optim``: AdamW."""
-
-    lr: float = Field(1e-6, ge=0, le=1)
-    """Peak learning rate (Search-R1: 1e-6; the critic's default: 1e-5)."""
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    """AdamW beta1."""
-    adam_beta2: float = Field(0.999, ge=0, lt=1)
-    """AdamW beta2."""
-    adam_eps: float = Field(1e-8, gt=0, le=1)
-    """AdamW epsilon."""
-    weight_decay: float = Field(0.01, ge=0, le=1)
-    """AdamW decoupled weight decay."""
-    clip_grad: float = Field(1.0, gt=0)
-    """Global gradient-norm clip."""
-
-
-class LrSchedSection(ConfigSection):
-    """``<actor|critic>.lr_sched``: the learning-rate schedule."""
-
-    lr_warmup_fraction: float = Field(0.0, ge=0, le=1)
-    """Share of the run's optimizer steps spent warming up linearly from 0 (Search-R1: 0.285)."""
-    lr_decay_style: Literal["constant", "cosine"] = "constant"
-    """After warm-up: ``constant`` or ``cosine`` (down to ``min_lr``)."""
-    min_lr: float = Field(0.0, ge=0, le=1)
-    """Floor of the cosine decay."""
 
 
 class ActorSection(ConfigSection):

@@ -11,23 +11,16 @@ import logging
 import torch
 
 from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, POLICY_LOSSES
-from rlinf_search.config.model import (
-    ActorSection,
-    AlgorithmSection,
-    LrSchedSection,
-    MegatronModelKeys,
-    MegatronSection,
-    OptimSection,
-    TrainConfigFile,
-)
+from rlinf_search.config.model import ActorSection, AlgorithmSection, MegatronSection, TrainConfigFile
 from rlinf_search.config.readers import entry_settings
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
 from rlinf_search.config.model import training_dtype_name
 from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
-from rlinf_search.workers.actor.config import ActorConfig, OptimConfig, PolicyLossConfig
+from rlinf_search.workers.actor.config import ActorConfig, LrSchedSection, OptimConfig, OptimSection, PolicyLossConfig
 from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
-from rlinf_search.workers.actor.megatron.config import CheckpointConverterConfig, MegatronConfig
+from rlinf_search.section_model import parse_section
+from rlinf_search.workers.actor.megatron.config import MegatronBackendKeys, MegatronConfig, MegatronModelKeys
 from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
@@ -186,5 +179,5 @@ def megatron_config(actor: ActorSection, *, default_hf_model_path: str) -> Megat
                  "tensor_model_parallel_size": model["tensor_model_parallel_size"],
                  "pipeline_model_parallel_size": model["pipeline_model_parallel_size"],
                  **megatron.ckpt_convertor.model_dump(exclude_unset=True)}
-    return MegatronConfig(**model, distributed_timeout_minutes=megatron.distributed_timeout_minutes,
-                          core_attention=megatron.core_attention, converter=CheckpointConverterConfig(**converter))
+    return parse_section(MegatronConfig, {**model, **megatron.model_dump(include=set(MegatronBackendKeys.model_fields)),
+                                          "converter": converter}, path="actor")

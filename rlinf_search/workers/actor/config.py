@@ -3,36 +3,53 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
+
+from rlinf_search.section_model import ConfigSection
 from rlinf_search.workers.actor.megatron.config import MegatronConfig
 from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.offload import OffloadConfig
 
 
-@dataclass(frozen=True)
-class OptimConfig:
-    """``actor.optim`` and ``actor.lr_sched`` (or ``critic``'s) together, over the run's optimizer steps."""
+class OptimSection(ConfigSection):
+    """``actor.optim`` (``critic.optim``): AdamW."""
 
-    lr: float = 1e-6
+    config_path = "actor.optim"
+
+    lr: float = Field(1e-6, ge=0, le=1)
     """Peak learning rate (Search-R1: 1e-6)."""
-    adam_beta1: float = 0.9
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
     """AdamW beta1."""
-    adam_beta2: float = 0.999
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
     """AdamW beta2."""
-    adam_eps: float = 1e-8
+    adam_eps: float = Field(1e-8, gt=0, le=1)
     """AdamW epsilon."""
-    weight_decay: float = 0.01
+    weight_decay: float = Field(0.01, ge=0, le=1)
     """AdamW decoupled weight decay."""
-    clip_grad: float = 1.0
+    clip_grad: float = Field(1.0, gt=0)
     """Global gradient-norm clip."""
-    lr_warmup_fraction: float = 0.0
-    """Share of ``total_steps`` spent warming up linearly from 0 (Search-R1: 0.285)."""
-    lr_decay_style: str = "constant"
+
+
+class LrSchedSection(ConfigSection):
+    """``actor.lr_sched`` (``critic.lr_sched``): the learning-rate schedule."""
+
+    config_path = "actor.lr_sched"
+
+    lr_warmup_fraction: float = Field(0.0, ge=0, le=1)
+    """Share of the run's optimizer steps spent warming up linearly from 0 (Search-R1: 0.285)."""
+    lr_decay_style: Literal["constant", "cosine"] = "constant"
     """After warm-up: ``constant`` or ``cosine`` (down to ``min_lr``)."""
-    min_lr: float = 0.0
+    min_lr: float = Field(0.0, ge=0, le=1)
     """Floor of the cosine decay."""
-    total_steps: int = 1
+
+
+class OptimConfig(OptimSection, LrSchedSection):
+    """``optim`` and ``lr_sched`` together, over the run's optimizer steps: what the trainer builds AdamW and its
+    schedule from."""
+
+    total_steps: int = Field(1, ge=1, json_schema_extra={"set_from": "the run's steps x ppo_epochs x n_minibatches"})
     """Optimizer steps of the whole run (warm-up and decay are fractions of it)."""
 
 
