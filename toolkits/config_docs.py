@@ -34,7 +34,7 @@ def type_cell(key, written: str) -> str:
 
 def cell_value(cell: str, path: str):
     """The value a default cell states (``fp32`` as its dtype name, as the precision fields hold it)."""
-    from rlinf_search.config.model import PRECISIONS
+    from rlinf_search.config.precision import PRECISIONS
 
     value = yaml.safe_load(cell.replace("`", "").strip() or "null")
     if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string

@@ -153,7 +153,7 @@ def converter_from_run_config(path: Path) -> CheckpointConverterConfig:
     from omegaconf import OmegaConf
 
     from rlinf_search.config import register_resolvers
-    from rlinf_search.config.model import ActorSection
+    from rlinf_search.config.model_update import ActorSection
     from rlinf_search.config.training import megatron_config
     from rlinf_search.recipe_loader import compose_recipe
     from rlinf_search.section_model import parse_section

@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from rlinf_search.agents.config import AgentLoopConfig
 from rlinf_search.config.file_checks import FileChecks
-from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.model import EvalConfigFile
+from rlinf_search.config.raw import resolve_raw
 from rlinf_search.config.readers import parse_config
 from rlinf_search.config.run import group_names
 from rlinf_search.config.schema import EVAL_SCHEMA
@@ -37,6 +37,7 @@ from rlinf_search.scheduler.placement import Placement
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.rollout.config import RolloutConfig
+
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:

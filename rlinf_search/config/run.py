@@ -14,9 +14,9 @@ from omegaconf import DictConfig
 from rlinf_search.algorithms import ADVANTAGE_ESTIMATORS, estimators_with, traits_of
 from rlinf_search.config.distill import distill_config
 from rlinf_search.config.file_checks import FileChecks
+from rlinf_search.config.model import EvalConfigFile, RunnerSection, TrainConfigFile
 from rlinf_search.config.pipeline import async_correction, resolve_pipeline
 from rlinf_search.config.raw import resolve_raw
-from rlinf_search.config.model import EvalConfigFile, RunnerSection, TrainConfigFile
 from rlinf_search.config.readers import entry_settings, parse_config
 from rlinf_search.config.run_config import RunConfig
 from rlinf_search.config.runner import RunnerConfig

@@ -13,20 +13,35 @@ from pathlib import Path
 
 from rlinf_search.agents import AGENT_PROTOCOLS
 from rlinf_search.agents.config import AgentLoopConfig
-from rlinf_search.agents.tools.search_function import SearchFunction
-from rlinf_search.agents.toolcall.tool_config import ListedTool, ToolConfigError, read_tool_config
+from rlinf_search.agents.toolcall.tool_config import (
+    ListedTool,
+    ToolConfigError,
+    read_tool_config,
+)
 from rlinf_search.agents.tools import TOOLS
+from rlinf_search.agents.tools.search_function import SearchFunction
 from rlinf_search.config.file_checks import FileChecks
-from rlinf_search.config.model import EvalConfigFile, EvalDataSection, RewardSection, RolloutSection, SamplingSection
+from rlinf_search.config.model import (
+    EvalConfigFile,
+    EvalDataSection,
+    RewardSection,
+    RolloutSection,
+    SamplingSection,
+)
+from rlinf_search.config.precision import dtype_name
 from rlinf_search.config.readers import entry_settings
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.config.tools import extra_tools
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.data.prompt_tokens import PromptLimit
-from rlinf_search.config.model import dtype_name
 from rlinf_search.rewards import REWARDS
 from rlinf_search.scheduler.config import ClusterConfig
-from rlinf_search.scheduler.placement import Backend, Placement, Topology, validate_placement
+from rlinf_search.scheduler.placement import (
+    Backend,
+    Placement,
+    Topology,
+    validate_placement,
+)
 from rlinf_search.tools.search.config import SearchToolConfig
 from rlinf_search.workers.reward.config import RewardConfig
 from rlinf_search.workers.rollout.base import ROLLOUT_ENGINES, engine_factory, traits_of

@@ -10,17 +10,33 @@ import logging
 
 import torch
 
-from rlinf_search.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_CORRECTIONS, POLICY_LOSSES
-from rlinf_search.config.model import ActorSection, AlgorithmSection, MegatronSection, TrainConfigFile
+from rlinf_search.algorithms import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    MISMATCH_CORRECTIONS,
+    POLICY_LOSSES,
+)
+from rlinf_search.config.model import AlgorithmSection, TrainConfigFile
+from rlinf_search.config.model_update import ActorSection, MegatronSection
+from rlinf_search.config.precision import training_dtype_name
 from rlinf_search.config.readers import entry_settings
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.data.turn_rows import TURN_LEVEL_AGGREGATIONS
-from rlinf_search.config.model import training_dtype_name
-from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
-from rlinf_search.workers.actor.config import ActorConfig, LrSchedSection, OptimConfig, OptimSection, PolicyLossConfig
-from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
 from rlinf_search.section_model import parse_section
-from rlinf_search.workers.actor.megatron.config import MegatronBackendKeys, MegatronConfig, MegatronModelKeys
+from rlinf_search.workers.actor.backends import TRAINING_BACKENDS
+from rlinf_search.workers.actor.config import (
+    ActorConfig,
+    LrSchedSection,
+    OptimConfig,
+    OptimSection,
+    PolicyLossConfig,
+)
+from rlinf_search.workers.actor.hf_model import ATTN_IMPLEMENTATIONS, PACKED_ROW_KERNELS
+from rlinf_search.workers.actor.megatron.config import (
+    MegatronBackendKeys,
+    MegatronConfig,
+    MegatronModelKeys,
+)
 from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
