@@ -129,7 +129,7 @@ def test_the_actor_moves_toward_the_teachers_top_k(tiny_model_dir):
     batch = _with_teacher(_uneven_batch(tokenizer), tokenizer)
     batch.advantages = torch.zeros_like(batch.advantages)
     config = _config(tiny_model_dir, training_backend="ddp", n_minibatches=1, max_tokens_per_mbs=None,
-                     optim=replace(_config(tiny_model_dir).optim, lr=1e-2, adam_eps=1e-8, clip_grad=1.0))
+                     optim=_config(tiny_model_dir).optim.replace(lr=1e-2, adam_eps=1e-8, clip_grad=1.0))
     trainer = PolicyTrainer(config)
     batch.old_logprobs = place_rows(tuple(batch.response_mask.shape), [trainer.compute_logprobs(batch)])
 

@@ -1,8 +1,8 @@
 """Section readers that a training run and an eval both use: sampling, the rollout engine, prompt limits,
 the agent loop and its search tool, the cluster and its placement, the reward, data paths.
 
-Each returns the typed view a worker is handed and raises ``ConfigError`` naming the key. A key's
-default is the field default of that view (``AgentLoopConfig.max_turns``), written nowhere else.
+Each reads a parsed section (``config/model.py``, where every key's type, range and default are declared), returns
+the typed view a worker is handed and raises ``ConfigError`` naming the key for a rule between keys.
 """
 
 from __future__ import annotations
