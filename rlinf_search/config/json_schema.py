@@ -1,7 +1,7 @@
 """The config's keys as a JSON Schema (draft 2020-12), for YAML editors: completion, and a mark on an unknown key or
 a value out of its range before anything runs (``rlinf-search schema``; docs/config.md, "Editor support").
 
-It is made from the same declarations ``validate_cfg`` checks against (``SCHEMA``, the open sections' dataclasses),
+It is made from the model ``validate_cfg`` parses with (``SCHEMA``, its key tree, and the open sections' models),
 so it takes every key a run takes and no other. What it cannot say, ``rlinf-search check`` does: the rules between
 keys, names a registry resolves, files, placement. Every key is optional (a recipe file sets some, its defaults list
 the rest; null means the default), and every value may be an OmegaConf interpolation (``${runner.seq_length}``).
