@@ -13,6 +13,7 @@ import rlinf_search.config as config_package
 from rlinf_search.config.model import EvalConfigFile, TrainConfigFile
 from rlinf_search.config.schema import SCHEMA, section_models
 from rlinf_search.key_ranges import leaves
+from rlinf_search.workers.actor.megatron.config import MegatronModelKeys
 
 PACKAGE = Path(config_package.__file__).parent
 # Where a section is read whole (``model_dump``) into a view: each of its keys is read there.
@@ -36,9 +37,7 @@ def _attributes_read() -> set[str]:
 
 def test_every_accepted_key_is_read():
     read = _attributes_read()
-    megatron_model = {f"actor.model.{name}" for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                                          "sequence_parallel", "recompute_granularity",
-                                                          "recompute_method", "recompute_num_layers")}
+    megatron_model = {f"actor.model.{name}" for name in MegatronModelKeys.model_fields}  # read whole too
     unread = [path for path, key in leaves(SCHEMA)
               if path.rpartition(".")[2] not in read and path.rpartition(".")[0] not in READ_WHOLE
               and path not in megatron_model and len(key.choices) != 1]

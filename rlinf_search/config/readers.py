@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlinf_search.config.schema import ConfigError
 from rlinf_search.plugin_settings import read_settings
-from rlinf_search.section_model import error_lines
+from rlinf_search.section_model import error_lines, parse_section
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -18,9 +18,9 @@ def parse_config(model: type[M], raw: dict) -> M:
     """``raw`` validated by ``model`` (``TrainConfigFile``, ``EvalConfigFile``); ``ConfigError`` naming the first
     key that is unknown, of the wrong type or out of its range."""
     try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(error_lines(exc, "", model)[0]) from None
+        return parse_section(model, raw, path="")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def config_problems(model: type[BaseModel], raw: dict) -> list[str]:
