@@ -209,6 +209,7 @@ def test_shuffle_rollout_decides_the_mini_batches(cfg, shuffle):
         seen = []
         trainer = object.__new__(trainer_cls)  # the update loop only; no model
         trainer.config, trainer._rng = config, random.Random(0)
+        trainer.shares_prompts = False  # rows, not a prompt's group, are the units here
         trainer._optimizer_step = lambda batch, rows: seen.append(batch.select(rows).rows) or {"loss": 0.0}
         trainer.train_on_batch(Rows(list(range(8))))
         assert (seen == [[0, 1, 2, 3], [4, 5, 6, 7]]) is not shuffle, (trainer_cls.__name__, seen)
@@ -341,7 +342,7 @@ def test_new_start_up_checks_name_the_key(cfg, change, message):
 def test_packing_settings_that_cannot_take_effect_say_so_at_start_up(cfg, caplog, settings, kernel, said):
     """use_remove_padding packs through sdpa_varlen when no kernel is named; a kernel that cannot pack, or cannot
     load or train on this machine (no flash_attn, no GPU here), is named in one line before any worker starts."""
-    cfg.actor.model.update(settings)
+    cfg.actor.model.update({"share_prompts": False, **settings})
     with caplog.at_level("WARNING"):
         actor = validate_cfg(cfg).actor
     assert actor.model_attention == kernel and actor.pack_sequences == settings["use_remove_padding"]

@@ -111,7 +111,7 @@ def test_attn_implementation_loads_the_policy_and_reference_with_that_kernel(tin
 
     cfg = OmegaConf.load("examples/searchr1/config/tiny-cpu.yaml")
     cfg.data.train_data_paths, cfg.data.val_data_paths = [str(HOTPOT_DIR / "test.jsonl")], []
-    cfg.actor.model.attn_implementation = "eager"
+    cfg.actor.model.attn_implementation, cfg.actor.model.share_prompts = "eager", False
     actor = validate_cfg(cfg).actor
     assert actor.attn_implementation == "eager"
     eager = PolicyTrainer(ActorConfig(model_path=str(tiny_model_dir), attn_implementation=actor.attn_implementation))

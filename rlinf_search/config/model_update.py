@@ -26,6 +26,10 @@ class ActorModelSection(MegatronModelKeys):
     """A micro-batch's rows go through the model as one packed sequence, so no padding token is computed."""
     attn_implementation: str | None = None
     """The HF attention kernel of the actor's models; null: ``sdpa_varlen`` when packing, else transformers'."""
+    share_prompts: bool = False
+    """Rows of one prompt in a pass go through the model as one sequence, the prompt once, each response attending
+    to it and to itself; mini-batches then hold whole groups. Needs padded rows (``use_remove_padding: false``) and
+    ``sdpa``."""
     compile_layers: bool = False
     """Compile each decoder layer with ``torch.compile`` (``fsdp`` and ``ddp``)."""
     logprob_chunk_size: int = Field(1024, ge=1)

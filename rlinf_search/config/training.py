@@ -38,6 +38,7 @@ from rlinf_search.workers.actor.megatron.config import (
     MegatronModelKeys,
 )
 from rlinf_search.workers.actor.packed_attention import PACKED_ATTENTION
+from rlinf_search.workers.actor.shared_prompts import SHARED_PROMPT_KERNELS
 from rlinf_search.workers.critic.config import CriticConfig
 from rlinf_search.workers.offload import OffloadConfig
 
@@ -94,7 +95,7 @@ def actor_config(cfg: TrainConfigFile, *, model_path: str, loss: PolicyLossConfi
         model_path=model_path, loss=loss, seed=cfg.data.seed, ppo_epochs=algorithm.ppo_epochs,
         n_minibatches=algorithm.n_minibatches, max_tokens_per_mbs=cfg.runner.max_tokens_per_mbs, dtype=dtype,
         gradient_checkpointing=model.enable_gradient_checkpointing, pack_sequences=model.use_remove_padding,
-        pack_traj=section.pack_traj, attn_implementation=model.attn_implementation,
+        pack_traj=section.pack_traj, attn_implementation=model.attn_implementation, share_prompts=model.share_prompts,
         compile_layers=model.compile_layers, logprob_chunk_tokens=model.logprob_chunk_size,
         fsdp_cpu_offload=section.fsdp_config.cpu_offload, shuffle_rollout=algorithm.shuffle_rollout,
         training_backend=backend, forward_micro_batch_size=algorithm.logprob_forward_micro_batch_size,
@@ -115,7 +116,25 @@ def actor_config(cfg: TrainConfigFile, *, model_path: str, loss: PolicyLossConfi
         raise ConfigError(f"actor.fsdp_config.cpu_offload: read by actor.training_backend: fsdp only, and this run "
                           f"uses {backend}")
     _check_attn_implementation(actor)
+    _check_shared_prompts(actor)
     return actor
+
+
+def _check_shared_prompts(actor: ActorConfig) -> None:
+    """``actor.model.share_prompts`` lays a prompt's rows out under a dense mask, which only padded rows through
+    ``sdpa`` can take."""
+    if not actor.share_prompts:
+        return
+    if actor.training_backend == "megatron":
+        raise ConfigError("actor.model.share_prompts: read by the HF backends (fsdp, ddp) only; the megatron backend "
+                          "packs rows instead")
+    if actor.pack_sequences:
+        raise ConfigError("actor.model.share_prompts: true needs padded rows; set actor.model.use_remove_padding: "
+                          "false (packed rows already compute no padding)")
+    if actor.attn_implementation not in (None, *SHARED_PROMPT_KERNELS):
+        raise ConfigError(f"actor.model.share_prompts: true needs attention that reads a dense mask "
+                          f"({', '.join(sorted(SHARED_PROMPT_KERNELS))} or null), got actor.model.attn_implementation "
+                          f"{actor.attn_implementation}")
 
 
 def _check_attn_implementation(actor: ActorConfig) -> None:

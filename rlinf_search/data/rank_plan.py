@@ -67,13 +67,25 @@ class RankWork:
 
 
 def plan_passes(batch: RolloutBatch, rows: list[int], *, rank: int, world_size: int,
-                max_tokens: int | None = None, rows_per_pass: int | None = None, padded: bool = False) -> RankWork:
+                max_tokens: int | None = None, rows_per_pass: int | None = None, padded: bool = False,
+                by_prompt: bool = False) -> RankWork:
     """This rank's passes over ``rows`` of ``batch``: its token-balanced share cut by ``max_tokens``
     (or into ``rows_per_pass`` rows each), padded to the busiest rank's number of passes. ``padded``: the
-    passes run the padded layout, so rows of similar length go together."""
+    passes run the padded layout, so rows of similar length go together. ``by_prompt`` (the layout that computes a
+    shared prompt once, ``actor.model.share_prompts``): a prompt's rows stay in one pass, each prompt's tokens
+    counted once; with ``rows_per_pass`` rows are cut one by one as without it."""
     tokens = batch.token_counts().tolist()
-    shares = balance_by_tokens(rows, tokens, world_size)
-    per_rank = [_cut(share, tokens, max_tokens, rows_per_pass, padded) for share in shares]
+    if by_prompt and rows_per_pass is None:
+        units = prompt_units(batch, rows)
+        prompt_tokens = batch.attention_mask[:, : batch.prompt_length].sum(dim=1).tolist()
+        unit_tokens = [prompt_tokens[unit[0]] + sum(tokens[r] - prompt_tokens[r] for r in unit) for unit in units]
+        shares = balance_by_tokens(list(range(len(units))), unit_tokens, world_size)
+        per_rank = [[sorted(row for u in cut for row in units[u]) for cut in _cut(share, unit_tokens, max_tokens,
+                                                                                   None, padded)]
+                    for share in shares]
+    else:
+        shares = balance_by_tokens(rows, tokens, world_size)
+        per_rank = [_cut(share, tokens, max_tokens, rows_per_pass, padded) for share in shares]
     longest = max(len(groups) for groups in per_rank)
     mine: list[list[int] | None] = list(per_rank[rank])
     mine += [None] * (longest - len(mine))
@@ -103,19 +115,30 @@ def padding_row(batch: RolloutBatch) -> RolloutBatch:
     return row
 
 
+def prompt_units(batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
+    """``rows`` grouped by their prompt's uid (a GRPO group), each group in row order, groups in order of their
+    first row."""
+    units: dict[str, list[int]] = {}
+    for row in rows:
+        units.setdefault(batch.uids[row], []).append(row)
+    return list(units.values())
+
+
 def run_minibatches(num_rows: int, step: Callable[[list[int]], dict[str, float]], *, epochs: int,
-                    n_minibatches: int, rng: random.Random | None) -> dict[str, float]:
+                    n_minibatches: int, rng: random.Random | None,
+                    units: list[list[int]] | None = None) -> dict[str, float]:
     """``epochs`` passes of ``step`` over exactly ``n_minibatches`` mini-batches of a batch's rows (reshuffled
     each epoch by ``rng``; None keeps rollout order). Every rank draws the same order from an identically
     seeded ``rng``, so all ranks step through the same mini-batches. Returns each metric's mean over the
-    steps that reported it. The actor and the critic update through this, so both see the same mini-batches."""
+    steps that reported it. The actor and the critic update through this, so both see the same mini-batches.
+    ``units``: rows that stay in one mini-batch (a prompt's group, ``prompt_units``); shuffled and cut as units."""
     history: list[dict[str, float]] = []
     for _ in range(epochs):
-        rows = list(range(num_rows))
+        order = [list(unit) for unit in units] if units is not None else [[row] for row in range(num_rows)]
         if rng is not None:
-            rng.shuffle(rows)
-        for minibatch_rows in split_into(rows, n_minibatches):
-            history.append(step(sorted(minibatch_rows)))
+            rng.shuffle(order)
+        for minibatch in split_into(order, n_minibatches):
+            history.append(step(sorted(row for unit in minibatch for row in unit)))
     return mean_by_key(history)
 
 

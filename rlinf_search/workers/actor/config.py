@@ -121,6 +121,10 @@ class ActorConfig:
     pack_sequences: bool = True
     """``actor.model.use_remove_padding``: a micro-batch's rows go through the model as one packed sequence
     (position ids restart per row), so no padding token is computed."""
+    share_prompts: bool = False
+    """``actor.model.share_prompts``: the rows of a pass that share a prompt (a GRPO group) go through the model as
+    one sequence, the prompt computed once (``shared_prompts.py``); passes and mini-batches keep a prompt's rows
+    together. Padded rows and ``sdpa`` only (checked by ``validate_cfg``)."""
     pack_traj: bool = True
     """``actor.pack_traj``: a multi-turn trajectory trains as one sequence (its tool observations masked). False:
     each model turn is its own sequence, its context the trajectory before it (RLinf's turn-level training;

@@ -34,19 +34,22 @@ class ForwardLogprobs:
 @torch.no_grad()
 def score_rows(scorer: torch.nn.Module, batch: RolloutBatch, *, rank: int, world_size: int, packed: bool,
                temperature: float, max_tokens: int | None, rows_per_pass: int | None,
-               device: torch.device | str, autocast=None) -> tuple[list[int], torch.Tensor]:
+               device: torch.device | str, autocast=None, share_prompts: bool = False) -> tuple[list[int], torch.Tensor]:
     """(this rank's rows, their ``[rows, T]`` log-probs) under ``scorer`` (a ``TokenScorer``, maybe wrapped).
 
     ``rows_per_pass`` (``algorithm.logprob_forward_micro_batch_size``) fixes the rows of a pass; else
-    passes are packed to ``max_tokens``."""
+    passes are packed to ``max_tokens``. ``share_prompts``: padded rows of one prompt go in one pass, laid out
+    with the prompt once (``shared_prompts.py``)."""
+    share_prompts = share_prompts and not packed
     work = plan_passes(batch, list(range(len(batch))), rank=rank, world_size=world_size, max_tokens=max_tokens,
-                       rows_per_pass=rows_per_pass, padded=not packed)
+                       rows_per_pass=rows_per_pass, padded=not packed, by_prompt=share_prompts)
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
     was_training = scorer.training
     scorer.eval()
     for group in work.passes:
         part = batch.select(group) if group else padding_row(batch)
-        layout = to_device(layout_batch(part, packed=packed, model_tokens_only=True), device)
+        layout = to_device(layout_batch(part, packed=packed, model_tokens_only=True, share_prompts=share_prompts),
+                           device)
         with autocast if autocast is not None else contextlib.nullcontext():
             flat = scorer(layout, temperature=temperature, with_entropy=False).logprobs
         if group:

@@ -35,6 +35,7 @@ from rlinf_search.data.rank_plan import (
     RankWork,
     padding_row,
     plan_passes,
+    prompt_units,
     run_minibatches,
 )
 from rlinf_search.data.turn_rows import split_turns
@@ -112,6 +113,7 @@ class PolicyTrainer:
         self.scorer = TokenScorer(self.model, chunk_tokens=config.logprob_chunk_tokens)
         self.module = self.parallel.wrap(self.scorer)
         self.packed = self.packs_sequences and packs_rows(self.model, config.pack_sequences)
+        self.shares_prompts = config.share_prompts and not self.packed
         self.policy_loss = POLICY_LOSSES.resolve(config.loss.policy_loss)
         self.optimizer, self.scheduler = self._build_optimizer()
         self.global_step = 0
@@ -161,7 +163,7 @@ class PolicyTrainer:
         return score_rows(self.module, batch, rank=self.rank, world_size=self.world_size, packed=self.packed,
                           temperature=self.config.loss.temperature, max_tokens=self.config.max_tokens_per_mbs,
                           rows_per_pass=self.config.forward_micro_batch_size, device=self.device,
-                          autocast=self.parallel.autocast(self.device))
+                          autocast=self.parallel.autocast(self.device), share_prompts=self.shares_prompts)
 
     # ---- training ---------------------------------------------------------------------------
     def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
@@ -169,7 +171,8 @@ class PolicyTrainer:
         self._check_ready(batch)
         return run_minibatches(len(batch), lambda rows: self._optimizer_step(batch, rows),
                                epochs=self.config.ppo_epochs, n_minibatches=self.config.n_minibatches,
-                               rng=self._rng if self.config.shuffle_rollout else None)
+                               rng=self._rng if self.config.shuffle_rollout else None,
+                               units=prompt_units(batch, list(range(len(batch)))) if self.shares_prompts else None)
 
     def train_on_minibatch(self, batch: RolloutBatch) -> dict[str, float]:
         """One optimizer step on all of ``batch``: a mini-batch a streamed step assembled from the groups that
@@ -191,7 +194,7 @@ class PolicyTrainer:
         # One pass per budget even with padded rows: a training pass pays the data-parallel collectives, and cut by
         # length the demo's update ran 1.08-1.23x slower (docs/benchmarks.md, "The embedded default beside TRL").
         work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,
-                           max_tokens=self.config.max_tokens_per_mbs)
+                           max_tokens=self.config.max_tokens_per_mbs, by_prompt=self.shares_prompts)
         work = dataclasses.replace(work, sequences=trajectories)
         own_tokens = max(int(batch.response_mask[work.rows].sum()), 1) if work.rows else 1
         self._zero_grad()
@@ -232,7 +235,8 @@ class PolicyTrainer:
         """Forward and backward one micro-batch; its loss is scaled to the whole mini-batch's counts."""
         cfg: PolicyLossConfig = self.config.loss
         mask = micro.response_mask.to(self.device)
-        layout = to_device(layout_batch(micro, packed=self.packed, model_tokens_only=True), self.device)
+        layout = to_device(layout_batch(micro, packed=self.packed, model_tokens_only=True,
+                                        share_prompts=self.shares_prompts), self.device)
         with self.parallel.autocast(self.device):
             # Entropy is always measured (a collapsing entropy is the first sign of a dying run); it
             # carries a gradient only when it is part of the loss.

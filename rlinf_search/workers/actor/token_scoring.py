@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.workers.actor.hf_model import PACKED_ROW_KERNELS
+from rlinf_search.workers.actor.shared_prompts import shared_prompt_layout
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,12 @@ class ScoringLayout:
     """A micro-batch laid out for one forward pass, and where its response tokens are."""
 
     input_ids: torch.Tensor
-    """[1, N] packed rows, or [B, P + T] padded ones."""
+    """[1, N] packed rows, [B, P + T] padded ones, or [G, W] one sequence per prompt shared by its rows."""
     position_ids: torch.Tensor
     """Same shape: positions restarting at 0 for every row."""
     attention_mask: torch.Tensor | None
-    """[B, P + T] for the padded layout; None when packed (the position ids mark the rows)."""
+    """[B, P + T] for the padded layout, [G, 1, W, W] (True: may attend) for prompts shared by their rows; None when
+    packed (the position ids mark the rows)."""
     predictors: torch.Tensor
     """[K] flat indices (into ``input_ids.view(-1)``) of the positions whose output predicts a response token."""
     targets: torch.Tensor
@@ -82,21 +84,26 @@ def packs_rows(model: torch.nn.Module, requested: bool) -> bool:
     return False
 
 
-def layout_batch(batch: RolloutBatch, *, packed: bool, model_tokens_only: bool = False) -> ScoringLayout:
-    """``batch``'s real tokens, packed into one sequence or left padded, and its response targets: every real
+def layout_batch(batch: RolloutBatch, *, packed: bool, model_tokens_only: bool = False,
+                 share_prompts: bool = False) -> ScoringLayout:
+    """``batch``'s real tokens, packed into one sequence, left padded, or (``share_prompts``, not packed) each
+    prompt once with its rows' responses after it (``shared_prompts.py``), and its response targets: every real
     response token, or with ``model_tokens_only`` the model's own (``response_mask`` 1). The policy's losses and
     metrics read model tokens alone, and in a Search-R1 trajectory most response tokens are retrieved passages,
     so scoring only model tokens keeps most positions out of the LM head (a 150k-wide matmul on a real model)."""
     p, t = batch.prompt_length, batch.response_length
     attention = batch.attention_mask.bool()
-    real_response = attention[:, p: p + t]
+    real_response = scored = attention[:, p: p + t]
     if model_tokens_only and bool((real_response & batch.response_mask.bool()).any()):
         # A pass with no model token (a rank's padding pass) keeps its whole response: the backward must still
         # reach every parameter, as on the other ranks, whose collectives it joins.
-        real_response = real_response & batch.response_mask.bool()
-    rows, cols = real_response.nonzero(as_tuple=True)
+        scored = real_response & batch.response_mask.bool()
+    rows, cols = scored.nonzero(as_tuple=True)
     targets = batch.input_ids[:, p: p + t][rows, cols]
     candidates = batch.teacher_top_ids[rows, cols] if batch.teacher_top_ids is not None else None
+    if share_prompts and not packed:
+        ids, positions, mask, predictors = shared_prompt_layout(batch, real_response, rows, cols)
+        return ScoringLayout(ids, positions, mask, predictors, targets, rows, cols, (len(batch), t), candidates)
     if not packed:
         width = batch.input_ids.shape[1]
         positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)

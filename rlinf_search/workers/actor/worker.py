@@ -82,7 +82,8 @@ class ActorWorker(Worker):
             rows, ref_logprobs = score_rows(self.reference, batch, rank=self.trainer.rank,
                                             world_size=self.trainer.world_size, packed=self.trainer.packed,
                                             temperature=cfg.loss.temperature, max_tokens=cfg.max_tokens_per_mbs,
-                                            rows_per_pass=cfg.forward_micro_batch_size, device=self.trainer.device)
+                                            rows_per_pass=cfg.forward_micro_batch_size, device=self.trainer.device,
+                                            share_prompts=self.trainer.shares_prompts)
         return ForwardLogprobs(rows=rows or [], old=old_logprobs, ref=ref_logprobs)
 
     def train(self, batch: RolloutBatch) -> dict[str, float]:

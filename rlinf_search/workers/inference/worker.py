@@ -60,7 +60,7 @@ class InferenceWorker(Worker):
                                         packed=self.packed, temperature=actor.loss.temperature,
                                         max_tokens=actor.max_tokens_per_mbs,
                                         rows_per_pass=self.inference.forward_micro_batch_size,
-                                        device=self.device)
+                                        device=self.device, share_prompts=actor.share_prompts)
             return logprobs
 
         old_logprobs = score(self.policy) if old else None
