@@ -190,6 +190,7 @@ def test_shuffle_rollout_decides_the_mini_batches(cfg, shuffle):
 
     cfg.algorithm.shuffle_rollout = shuffle
     cfg.algorithm.adv_type, cfg.critic.use_critic_model = "gae", True
+    cfg.actor.model.share_prompts = False  # rows, not a prompt's group, are the units here (test_shared_prompts.py)
     run = validate_cfg(cfg)
     assert run.actor.shuffle_rollout is run.critic.shuffle_rollout is shuffle
 
@@ -209,7 +210,7 @@ def test_shuffle_rollout_decides_the_mini_batches(cfg, shuffle):
         seen = []
         trainer = object.__new__(trainer_cls)  # the update loop only; no model
         trainer.config, trainer._rng = config, random.Random(0)
-        trainer.shares_prompts = False  # rows, not a prompt's group, are the units here
+        trainer.shares_prompts = False
         trainer._optimizer_step = lambda batch, rows: seen.append(batch.select(rows).rows) or {"loss": 0.0}
         trainer.train_on_batch(Rows(list(range(8))))
         assert (seen == [[0, 1, 2, 3], [4, 5, 6, 7]]) is not shuffle, (trainer_cls.__name__, seen)

@@ -15,7 +15,12 @@ from rlinf_search.algorithms import compute_advantages
 from rlinf_search.config import ConfigError, validate_cfg
 from rlinf_search.data.batch import collate_trajectories
 from rlinf_search.data.io_struct import Trajectory
-from rlinf_search.data.rank_plan import padding_row, plan_passes, prompt_units, run_minibatches
+from rlinf_search.data.rank_plan import (
+    padding_row,
+    plan_passes,
+    prompt_units,
+    run_minibatches,
+)
 from rlinf_search.workers.actor.hf_model import load_causal_lm
 from rlinf_search.workers.actor.shared_prompts import prompt_groups
 from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch
@@ -151,3 +156,28 @@ def test_settings_it_cannot_run_with_are_refused(change, message):
     with pytest.raises(ConfigError) as error:
         validate_cfg(cfg)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_actor_and_the_critic_cut_the_same_whole_group_mini_batches(tiny_model_dir):
+    """With a critic (PPO), the critic's update loop cuts the same mini-batches as the actor's: whole groups."""
+    from rlinf_search.workers.actor.policy_trainer import PolicyTrainer
+    from rlinf_search.workers.critic.value_trainer import ValueTrainer
+
+    cfg = OmegaConf.load("examples/searchr1/config/tiny-cpu.yaml")
+    cfg.data.train_data_paths = cfg.data.val_data_paths = [str(HOTPOT_DIR / "test.jsonl")]
+    cfg.algorithm.adv_type, cfg.critic.use_critic_model = "gae", True
+    run = validate_cfg(cfg)
+    assert run.critic.whole_groups and run.actor.share_prompts
+    batch = _grouped_batch(AutoTokenizer.from_pretrained(tiny_model_dir), sizes=(4, 4, 4, 4, 4, 4))
+    batch.old_logprobs = batch.ref_logprobs = batch.values = batch.returns = batch.response_mask.float()
+    units = prompt_units(batch, list(range(len(batch))))
+    seen = {}
+    for trainer_cls, config in ((PolicyTrainer, run.actor), (ValueTrainer, run.critic)):
+        trainer = object.__new__(trainer_cls)  # the update loop only; no model
+        trainer.config, trainer._rng, trainer.shares_prompts = config, random.Random(0), config is run.actor
+        seen[trainer_cls] = []
+        trainer._optimizer_step = lambda batch, rows, out=seen[trainer_cls]: out.append(rows) or {}
+        trainer.train_on_batch(batch)
+    assert seen[PolicyTrainer] == seen[ValueTrainer] and len(seen[PolicyTrainer]) == 2
+    for rows in seen[PolicyTrainer]:
+        assert sorted(rows) == sorted(row for unit in units if unit[0] in rows for row in unit)

@@ -179,7 +179,8 @@ def critic_config(cfg: TrainConfigFile, actor: ActorConfig, *, total_steps: int)
         optim=_optim(critic.optim, critic.lr_sched, total_steps=actor.optim.total_steps),
         loss_agg_func=actor.loss.loss_agg_func, norm_constant=actor.loss.norm_constant, ppo_epochs=actor.ppo_epochs,
         n_minibatches=actor.n_minibatches, max_tokens_per_mbs=actor.max_tokens_per_mbs, dtype=dtype, seed=actor.seed,
-        shuffle_rollout=actor.shuffle_rollout, warmup_steps=critic.warmup_steps, group_name=critic.group_name,
+        shuffle_rollout=actor.shuffle_rollout, whole_groups=actor.share_prompts, warmup_steps=critic.warmup_steps,
+        group_name=critic.group_name,
         training_backend=actor.training_backend, gradient_checkpointing=actor.gradient_checkpointing,
         pack_sequences=actor.pack_sequences)
 

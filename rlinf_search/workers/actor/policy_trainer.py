@@ -28,7 +28,7 @@ from rlinf_search.algorithms import (
     top_k_kl,
 )
 from rlinf_search.algorithms.importance import importance_ratio
-from rlinf_search.algorithms.staleness import LagStats, too_stale, token_lags
+from rlinf_search.algorithms.staleness import LagStats, token_lags, too_stale
 from rlinf_search.checkpoint import TrainingState
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.data.rank_plan import (
@@ -49,7 +49,12 @@ from rlinf_search.workers.actor.parallel import (
     init_single_process_group,
     world,
 )
-from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch, packs_rows, to_device
+from rlinf_search.workers.actor.token_scoring import (
+    TokenScorer,
+    layout_batch,
+    packs_rows,
+    to_device,
+)
 from rlinf_search.workers.offload import OffloadTensors, module_tensors
 
 

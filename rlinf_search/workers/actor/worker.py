@@ -27,7 +27,12 @@ from rlinf_search.workers.actor.backends import build_trainer
 from rlinf_search.workers.actor.config import ActorConfig
 from rlinf_search.workers.actor.logprobs import ForwardLogprobs, score_rows
 from rlinf_search.workers.actor.memory_plan import plan_exceeds_device
-from rlinf_search.workers.offload import CATEGORIES, Offloader, OffloadTensors, module_tensors
+from rlinf_search.workers.offload import (
+    CATEGORIES,
+    Offloader,
+    OffloadTensors,
+    module_tensors,
+)
 
 
 class ActorWorker(Worker):

@@ -45,6 +45,9 @@ class CriticConfig:
     """``data.seed``: value-head initialisation and mini-batch shuffling."""
     shuffle_rollout: bool = True
     """``algorithm.shuffle_rollout``: shuffle the rows before cutting mini-batches (as the actor)."""
+    whole_groups: bool = False
+    """Mini-batches hold whole prompt groups, shuffled as groups: the actor's with ``actor.model.share_prompts``, so
+    both update on the same mini-batches."""
     warmup_steps: int = 0
     """``critic.warmup_steps`` (verl's ``trainer.critic_warmup``): the first N steps train only the critic,
     so the actor's first updates use values that have already regressed on some returns."""

@@ -18,12 +18,30 @@ import torch
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, masked_mean
 from rlinf_search.checkpoint import HF_SUBDIR, TRAINING_STATE, TrainingState
 from rlinf_search.data.batch import RolloutBatch
-from rlinf_search.data.rank_plan import RankWork, padding_row, plan_passes, run_minibatches
-from rlinf_search.workers.actor.parallel import FullySharded, Replicated, init_single_process_group, world
-from rlinf_search.workers.actor.policy_trainer import enable_gradient_checkpointing, lr_lambda
+from rlinf_search.data.rank_plan import (
+    RankWork,
+    padding_row,
+    plan_passes,
+    prompt_units,
+    run_minibatches,
+)
+from rlinf_search.workers.actor.parallel import (
+    FullySharded,
+    Replicated,
+    init_single_process_group,
+    world,
+)
+from rlinf_search.workers.actor.policy_trainer import (
+    enable_gradient_checkpointing,
+    lr_lambda,
+)
 from rlinf_search.workers.actor.token_scoring import packs_rows
 from rlinf_search.workers.critic.config import CriticConfig
-from rlinf_search.workers.critic.value_model import VALUE_HEAD, ValueModel, response_values
+from rlinf_search.workers.critic.value_model import (
+    VALUE_HEAD,
+    ValueModel,
+    response_values,
+)
 
 EXPLAINED_VAR_EPS = 1e-5
 """Added to Var(returns) in the explained variance, as verl does, so the number compares with verl's."""
@@ -110,7 +128,8 @@ class ValueTrainer:
             raise ValueError("the critic update needs batch.values (at rollout time) and batch.returns (from GAE)")
         return run_minibatches(len(batch), lambda rows: self._optimizer_step(batch, rows),
                                epochs=self.config.ppo_epochs, n_minibatches=self.config.n_minibatches,
-                               rng=self._rng if self.config.shuffle_rollout else None)
+                               rng=self._rng if self.config.shuffle_rollout else None,
+                               units=prompt_units(batch, list(range(len(batch)))) if self.config.whole_groups else None)
 
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
         work = plan_passes(batch, rows, rank=self.rank, world_size=self.world_size,

@@ -8,8 +8,6 @@ the same weight sync as the rollout engine, so it always equals the actor's curr
 
 from __future__ import annotations
 
-import torch
-
 from rlinf_search.data.batch import RolloutBatch
 from rlinf_search.scheduler import Worker
 from rlinf_search.workers.actor.config import ActorConfig
