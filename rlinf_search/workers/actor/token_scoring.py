@@ -42,7 +42,8 @@ class ScoringLayout:
     input_ids: torch.Tensor
     """[1, N] packed rows, [B, P + T] padded ones, or [G, W] one sequence per prompt shared by its rows."""
     position_ids: torch.Tensor
-    """Same shape: positions restarting at 0 for every row."""
+    """Same shape: positions restarting at 0 for every row (for shared prompts: each response's restart after its
+    prompt)."""
     attention_mask: torch.Tensor | None
     """[B, P + T] for the padded layout, [G, 1, W, W] (True: may attend) for prompts shared by their rows; None when
     packed (the position ids mark the rows)."""
