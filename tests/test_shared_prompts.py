@@ -13,16 +13,10 @@ from transformers import AutoTokenizer
 
 from rlinf_search.algorithms import compute_advantages
 from rlinf_search.config import ConfigError, validate_cfg
-from rlinf_search.data.batch import collate_trajectories
+from rlinf_search.data.batch import collate_trajectories, prompt_units
 from rlinf_search.data.io_struct import Trajectory
-from rlinf_search.data.rank_plan import (
-    padding_row,
-    plan_passes,
-    prompt_units,
-    run_minibatches,
-)
+from rlinf_search.data.rank_plan import padding_row, plan_passes, run_minibatches
 from rlinf_search.workers.actor.hf_model import load_causal_lm
-from rlinf_search.workers.actor.shared_prompts import prompt_groups
 from rlinf_search.workers.actor.token_scoring import TokenScorer, layout_batch
 from tests.conftest import HOTPOT_DIR
 from tests.test_fsdp import _config, one_process_and_two_ranks
@@ -73,7 +67,7 @@ def test_shared_prompts_score_like_padded_rows(tiny_model_dir, model_tokens_only
     prompt_tokens = batch.attention_mask[:, : batch.prompt_length].sum(dim=1)
     real = int(batch.attention_mask.sum())
     assert shared.targets.tolist() == padded.targets.tolist()
-    groups = prompt_groups(batch)
+    groups = prompt_units(batch, list(range(len(batch))))
     saved = sum(int(prompt_tokens[g[0]]) * (len(g) - 1) for g in groups)
     # Every real token attends to its prompt's first one; padding only to itself.
     assert saved > 0 and int(shared.attention_mask[:, 0, :, 0].sum()) == real - saved

@@ -24,6 +24,7 @@ from toolkits.warmstart_probes import (
     StageGoal,
     decision_position,
     last_turn,
+    logits_at,
 )
 
 
@@ -194,14 +195,10 @@ class WarmStartLog:
 def sft_loss(model, ids: torch.Tensor, attention: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the labelled positions. The LM head runs on those positions alone: in
     the stages that mask the passages, fewer than one position in ten is labelled."""
-    head = model.get_output_embeddings()
-    body = getattr(model, "base_model", model)
-    if head is None or body is model:  # no separate head to call: the model computes its own loss
-        return model(input_ids=ids, attention_mask=attention, labels=labels).loss
-    hidden = body(input_ids=ids, attention_mask=attention).last_hidden_state
     targets = labels[:, 1:]
-    labelled = targets != -100
-    return torch.nn.functional.cross_entropy(head(hidden[:, :-1][labelled]).float(), targets[labelled])
+    rows, positions = (targets != -100).nonzero(as_tuple=True)
+    logits = logits_at(model, ids, attention, rows, positions)
+    return torch.nn.functional.cross_entropy(logits.float(), targets[rows, positions])
 
 
 def train_sft(model, tokenizer, stages: list[SFTStage], config: SFTConfig, probes: ProbeSet | None = None,

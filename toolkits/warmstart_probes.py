@@ -97,6 +97,17 @@ def first_turn(response_mask: list[int]) -> torch.Tensor:
     return first
 
 
+def logits_at(model, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor,
+              positions: torch.Tensor) -> torch.Tensor:
+    """The model's next-token logits at ``(rows, positions)`` of the padded batch ``ids``: the LM head runs on those
+    hidden states alone when the model has one of its own, else the model's logits are indexed."""
+    head = model.get_output_embeddings()
+    body = getattr(model, "base_model", model)
+    if head is None or body is model:
+        return model(input_ids=ids, attention_mask=attention).logits[rows, positions]
+    return head(body(input_ids=ids, attention_mask=attention).last_hidden_state[rows, positions])
+
+
 @torch.no_grad()
 def score_trajectories(model, trajectories: list[Trajectory], tokenizer, *, batch_size: int = 32,
                        pad_id: int = 0, search_open: str = "<search>") -> list[TrajectoryScores]:
@@ -106,8 +117,6 @@ def score_trajectories(model, trajectories: list[Trajectory], tokenizer, *, batc
     about a tenth of the positions, and the head and its softmax over the vocabulary were half a reading's time."""
     search, answer = (tokenizer.encode(tag, add_special_tokens=False) for tag in (search_open, "<answer>"))
     decision = decision_position(tokenizer, search_open)
-    head = model.get_output_embeddings()
-    body = getattr(model, "base_model", model)
     scores = []
     for start in range(0, len(trajectories), batch_size):
         chunk = trajectories[start: start + batch_size]
@@ -127,11 +136,7 @@ def score_trajectories(model, trajectories: list[Trajectory], tokenizer, *, batc
                          last_turn(traj.response_mask).nonzero().flatten() + offset))
         rows = torch.cat([torch.full((sum(len(p) for p in parts),), row) for row, parts in enumerate(read)])
         targets = torch.cat([torch.cat(parts) for parts in read])
-        if head is None or body is model:  # no separate head to call: the model's logits at every position
-            logits = model(input_ids=ids, attention_mask=attention).logits[rows, targets - 1]
-        else:
-            logits = head(body(input_ids=ids, attention_mask=attention).last_hidden_state[rows, targets - 1])
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        logprobs = torch.log_softmax(logits_at(model, ids, attention, rows, targets - 1).float(), dim=-1)
         copied = logprobs.argmax(-1) == ids[rows, targets]
         at = 0
         for _, query_at, answer_at in read:

@@ -133,6 +133,17 @@ def collate_trajectories(trajectories: list[Trajectory], rewards: list[float], p
     )
 
 
+def prompt_units(batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
+    """``rows`` grouped by identical prompt tokens (a GRPO group's rows), each group in row order, groups in order of
+    their first row: what the shared-prompt layout computes once, and what its passes and mini-batches keep whole."""
+    p = batch.prompt_length
+    real = batch.attention_mask[:, :p].bool()
+    units: dict[tuple[int, ...], list[int]] = {}
+    for row in rows:
+        units.setdefault(tuple(batch.input_ids[row, :p][real[row]].tolist()), []).append(row)
+    return list(units.values())
+
+
 def split_by_token_budget(batch: RolloutBatch, max_tokens: int | None) -> list[list[int]]:
     """Row groups of the whole batch whose real tokens fit ``max_tokens`` each (see ``pack_rows_by_budget``)."""
     return pack_rows_by_budget(list(range(len(batch))), batch.token_counts().tolist(), max_tokens)

@@ -22,7 +22,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlinf_search.data.batch import RolloutBatch, cut_padded_rows, pack_rows_by_budget
+from rlinf_search.data.batch import (
+    RolloutBatch,
+    cut_padded_rows,
+    pack_rows_by_budget,
+    prompt_units,
+)
 
 
 def split_into(rows: list[int], parts: int) -> list[list[int]]:
@@ -76,13 +81,16 @@ def plan_passes(batch: RolloutBatch, rows: list[int], *, rank: int, world_size: 
     counted once; with ``rows_per_pass`` rows are cut one by one as without it."""
     tokens = batch.token_counts().tolist()
     if by_prompt and rows_per_pass is None:
+        # A prompt's rows are one unit, its prompt's tokens counted once (as the layout computes them).
         units = prompt_units(batch, rows)
         prompt_tokens = batch.attention_mask[:, : batch.prompt_length].sum(dim=1).tolist()
         unit_tokens = [prompt_tokens[unit[0]] + sum(tokens[r] - prompt_tokens[r] for r in unit) for unit in units]
+
+        def rows_of(cut: list[int]) -> list[int]:
+            return sorted(row for u in cut for row in units[u])
+
         shares = balance_by_tokens(list(range(len(units))), unit_tokens, world_size)
-        per_rank = [[sorted(row for u in cut for row in units[u]) for cut in _cut(share, unit_tokens, max_tokens,
-                                                                                   None, padded)]
-                    for share in shares]
+        per_rank = [[rows_of(cut) for cut in _cut(share, unit_tokens, max_tokens, None, padded)] for share in shares]
     else:
         shares = balance_by_tokens(rows, tokens, world_size)
         per_rank = [_cut(share, tokens, max_tokens, rows_per_pass, padded) for share in shares]
@@ -113,15 +121,6 @@ def padding_row(batch: RolloutBatch) -> RolloutBatch:
     row = batch.select([shortest])
     row.response_mask = row.response_mask.new_zeros(row.response_mask.shape)
     return row
-
-
-def prompt_units(batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
-    """``rows`` grouped by their prompt's uid (a GRPO group), each group in row order, groups in order of their
-    first row."""
-    units: dict[str, list[int]] = {}
-    for row in rows:
-        units.setdefault(batch.uids[row], []).append(row)
-    return list(units.values())
 
 
 def run_minibatches(num_rows: int, step: Callable[[list[int]], dict[str, float]], *, epochs: int,

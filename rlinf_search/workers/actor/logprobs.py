@@ -38,9 +38,8 @@ def score_rows(scorer: torch.nn.Module, batch: RolloutBatch, *, rank: int, world
     """(this rank's rows, their ``[rows, T]`` log-probs) under ``scorer`` (a ``TokenScorer``, maybe wrapped).
 
     ``rows_per_pass`` (``algorithm.logprob_forward_micro_batch_size``) fixes the rows of a pass; else
-    passes are packed to ``max_tokens``. ``share_prompts``: padded rows of one prompt go in one pass, laid out
-    with the prompt once (``shared_prompts.py``)."""
-    share_prompts = share_prompts and not packed
+    passes are packed to ``max_tokens``. ``share_prompts`` (padded rows only): rows of one prompt go in one pass,
+    laid out with the prompt once (``shared_prompts.py``)."""
     work = plan_passes(batch, list(range(len(batch))), rank=rank, world_size=world_size, max_tokens=max_tokens,
                        rows_per_pass=rows_per_pass, padded=not packed, by_prompt=share_prompts)
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)

@@ -30,12 +30,11 @@ from rlinf_search.algorithms import (
 from rlinf_search.algorithms.importance import importance_ratio
 from rlinf_search.algorithms.staleness import LagStats, token_lags, too_stale
 from rlinf_search.checkpoint import TrainingState
-from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.data.batch import RolloutBatch, prompt_units
 from rlinf_search.data.rank_plan import (
     RankWork,
     padding_row,
     plan_passes,
-    prompt_units,
     run_minibatches,
 )
 from rlinf_search.data.turn_rows import split_turns

@@ -22,32 +22,23 @@ from __future__ import annotations
 
 import torch
 
+from rlinf_search.data.batch import RolloutBatch, prompt_units
+
 SHARED_PROMPT_KERNELS = frozenset({"sdpa"})
 """The attention kernels that read a dense 4D boolean mask as given (transformers passes such a mask through)."""
 
 
-def prompt_groups(batch) -> list[list[int]]:
-    """The rows of ``batch`` (a ``RolloutBatch``) grouped by identical prompt tokens, each group in row order,
-    groups in order of their first row."""
-    p = batch.prompt_length
-    groups: dict[tuple[int, ...], list[int]] = {}
-    real = batch.attention_mask[:, :p].bool()
-    for row in range(len(batch)):
-        groups.setdefault(tuple(batch.input_ids[row, :p][real[row]].tolist()), []).append(row)
-    return list(groups.values())
-
-
-def shared_prompt_layout(batch, real_response: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, pad_id: int = 0):
+def shared_prompt_layout(batch: RolloutBatch, real_response: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
     """(input_ids [G, W], position_ids [G, W], attention mask [G, 1, W, W], predictors [K]) for ``batch``'s rows
     laid out by prompt group; ``real_response`` [B, T] marks each row's real response tokens (a prefix of its
     response), ``rows``/``cols`` the K targets (response positions) whose predicting positions are wanted."""
     p = batch.prompt_length
     lengths = real_response.sum(dim=1).tolist()
     prompt_real = batch.attention_mask[:, :p].bool()
-    groups = prompt_groups(batch)
+    groups = prompt_units(batch, list(range(len(batch))))
     widths = [int(prompt_real[g[0]].sum()) + sum(lengths[r] for r in g) for g in groups]
     width = max(widths)
-    ids = torch.full((len(groups), width), pad_id, dtype=batch.input_ids.dtype)
+    ids = torch.zeros((len(groups), width), dtype=batch.input_ids.dtype)
     positions = torch.zeros((len(groups), width), dtype=torch.long)
     mask = torch.zeros((len(groups), 1, width, width), dtype=torch.bool)
     # Per row: its group's sequence, where its response starts there, and its prompt's length.

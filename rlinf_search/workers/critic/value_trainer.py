@@ -17,12 +17,11 @@ import torch
 
 from rlinf_search.algorithms import aggregate_loss, clipped_value_loss, masked_mean
 from rlinf_search.checkpoint import HF_SUBDIR, TRAINING_STATE, TrainingState
-from rlinf_search.data.batch import RolloutBatch
+from rlinf_search.data.batch import RolloutBatch, prompt_units
 from rlinf_search.data.rank_plan import (
     RankWork,
     padding_row,
     plan_passes,
-    prompt_units,
     run_minibatches,
 )
 from rlinf_search.workers.actor.parallel import (

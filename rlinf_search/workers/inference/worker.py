@@ -34,6 +34,7 @@ class InferenceWorker(Worker):
         self.weight_version = 0
         loaded = self.policy or self.reference
         self.packed = loaded is not None and packs_rows(loaded.lm, actor.pack_sequences)
+        self.shares_prompts = actor.share_prompts and not self.packed
 
     def _load(self) -> TokenScorer:
         # Forward passes only: the compute precision is all it needs (no master weights).
@@ -58,7 +59,7 @@ class InferenceWorker(Worker):
                                         packed=self.packed, temperature=actor.loss.temperature,
                                         max_tokens=actor.max_tokens_per_mbs,
                                         rows_per_pass=self.inference.forward_micro_batch_size,
-                                        device=self.device, share_prompts=actor.share_prompts)
+                                        device=self.device, share_prompts=self.shares_prompts)
             return logprobs
 
         old_logprobs = score(self.policy) if old else None
