@@ -73,6 +73,34 @@ def test_a_turn_after_a_stop_prefills_only_what_is_new_and_samples_what_a_whole_
                                    atol=2e-4, rtol=0)
 
 
+def test_rows_that_wrote_the_same_turn_each_continue_from_the_cache(engines):
+    """A group's samples often write the same turn word for word (greedy here): every one of their next turns
+    reuses the cached states, and samples what a whole prefill does."""
+    reusing, whole = engines
+    prompt = reusing.tokenizer.encode("Who directed Inception? Search first.")
+    (first,) = _first_turns(reusing, [prompt])
+    stop = first.stop_string
+
+    async def same_turns(engine):
+        sampling = SamplingParams(max_new_tokens=12, greedy=True, stop_at_eos=False, stop=(stop,))
+        return await asyncio.gather(*(engine.generate(prompt, sampling) for _ in range(3)))
+
+    turns = asyncio.run(same_turns(reusing))
+    assert len({tuple(t.output_ids) for t in turns}) == 1 and turns[0].finish_reason == "stop"
+    observation = reusing.tokenizer.encode(" <information> Doc 1 (Title: Inception) a 2010 film </information>")
+    contexts = [prompt + t.output_ids + observation + reusing.tokenizer.encode(f" row {row}")
+                for row, t in enumerate(turns)]
+    reused_before = reusing.stats.reused_tokens
+    reused = _next_turns(reusing, contexts)
+    cached = len(prompt) + len(turns[0].output_ids) - 1
+    assert reusing.stats.reused_tokens - reused_before == 3 * cached, "each copy's continuation took the states"
+    assert len(reusing.prefix_cache) == 1, "the first turn's entry (prefix_cache.store of _first_turns) remains"
+    for context, a, b in zip(contexts, reused, _next_turns(whole, contexts)):
+        assert a.output_ids == b.output_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), _teacher_forced(reusing, context, a.output_ids),
+                                   atol=2e-4, rtol=0)
+
+
 def test_a_prompt_sent_by_a_whole_group_is_prefilled_once(engines):
     reusing, whole = engines
     prompt = reusing.tokenizer.encode("Are Christopher Nolan and Sathish Kalathil both film directors?")
@@ -135,3 +163,9 @@ def test_the_cache_keeps_the_newest_entries_within_its_token_budget_and_never_a_
     assert len(cache) == 0 and cache.hits == 2 and cache.reused_tokens == 7
     cache.store(list(range(11)), state, state)  # longer than the whole budget: not kept
     assert len(cache) == 0
+    cache.store([1, 2, 3], state, state)
+    cache.store([1, 2, 3], state, state)  # a second row wrote the same tokens: one entry, two continuations
+    assert len(cache) == 1
+    assert cache.take([1, 2, 3, 4]).ids == (1, 2, 3) and len(cache) == 1
+    assert cache.take([1, 2, 3, 5]).ids == (1, 2, 3) and len(cache) == 0
+    assert cache.take([1, 2, 3, 6]) is None

@@ -5,8 +5,10 @@ prefill computes every token of it once more: on the demo's task that re-prefill
 (``docs/benchmarks.md``, "The embedded default beside TRL"). So when a request ends at a stop string (a tool
 call follows), the engine keeps the key/value states of everything it cached for that row, keyed by those token
 ids; a later request whose prompt starts with them takes them as its cache and prefills the rest. An entry is
-taken by the one request that continues it, and all entries go when the weights change (their states belong to
-the old weights). The same prefill also computes each distinct prompt once: a GRPO group sends one prompt
+taken by the request that continues it, once per row that stored it: a group's samples often write the same turn
+word for word, and each of them continues it (with one take per entry, the second and later copies prefilled their
+whole context again, and padded every request prefilled beside them to that length). All entries go when the
+weights change (their states belong to the old weights). The same prefill also computes each distinct prompt once: a GRPO group sends one prompt
 ``group_size`` times, and its rows share the result.
 
 States are kept without their padding, per row: ``[kv heads, positions, head dim]`` per layer.
@@ -30,6 +32,8 @@ class CachedPrefix:
     """Per layer, ``[kv heads, len(ids), head dim]``."""
     values: list[torch.Tensor]
     """Per layer, like ``keys``."""
+    copies: int = 1
+    """Rows that stored these ids and whose continuations have not yet taken them."""
 
 
 class PrefixCache:
@@ -52,8 +56,11 @@ class PrefixCache:
         if not ids or len(ids) > self.max_tokens:
             return
         key = tuple(ids)
-        if key in self._entries:
-            self._drop(key)
+        if key in self._entries:  # another row wrote the same tokens: one more continuation will come for it
+            entry = self._entries.pop(key)
+            entry.copies += 1
+            self._entries[key] = entry  # now the newest
+            return
         self._entries[key] = CachedPrefix(key, keys, values)
         self._tokens += len(key)
         self._lengths[len(key)] = self._lengths.get(len(key), 0) + 1
@@ -61,14 +68,17 @@ class PrefixCache:
             self._drop(next(iter(self._entries)))
 
     def take(self, prompt_ids: list[int]) -> CachedPrefix | None:
-        """The longest entry that ``prompt_ids`` starts with and extends by at least one token, removed."""
+        """The longest entry that ``prompt_ids`` starts with and extends by at least one token; removed with its last
+        copy. Equal requests that take one entry get the same object, and the prefill computes them once."""
         for length in sorted(self._lengths, reverse=True):
             if length >= len(prompt_ids):
                 continue
             key = tuple(prompt_ids[:length])
             if key in self._entries:
                 entry = self._entries[key]
-                self._drop(key)
+                entry.copies -= 1
+                if not entry.copies:
+                    self._drop(key)
                 self.hits += 1
                 self.reused_tokens += length
                 return entry
