@@ -227,3 +227,24 @@ def test_update_weights_streams_buckets_as_they_arrive_and_refuses_bad_ones(engi
         engine.update_weights(original)
     for name, tensor in engine.model.state_dict().items():
         assert torch.equal(tensor, original[name]), name
+
+
+def test_an_idle_engine_gathers_a_burst_of_requests_into_one_prefill(tiny_model_dir, monkeypatch):
+    """Requests that arrive a little apart (a batch's trajectories starting) share one prefill instead of the first
+    going alone; the gap is widened here so that a loaded machine keeps the requests within it."""
+    from rlinf_search.workers.rollout import hf_engine
+
+    monkeypatch.setattr(hf_engine, "GATHER_GAP_S", 0.5)
+    engine = HFGenerationEngine(HFEngineConfig(str(tiny_model_dir), seed=1))
+    sampling = SamplingParams(max_new_tokens=4, greedy=True, stop_at_eos=False)
+
+    async def burst():
+        jobs = []
+        for text in ("Who", "Where was Lilu born?", "Christopher Nolan directed", "If Gallu is a demon"):
+            jobs.append(asyncio.ensure_future(engine.generate(_prompt(engine, text), sampling)))
+            await asyncio.sleep(0.02)
+        return await asyncio.gather(*jobs)
+
+    outs = asyncio.run(burst())
+    assert [len(o.output_ids) for o in outs] == [4] * 4
+    assert engine.stats.prefills == 1 and engine.stats.requests == 4

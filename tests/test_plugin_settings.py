@@ -94,7 +94,7 @@ def _config(tmp_path, **changes):
      "rollout.engine_settings.admit_every_steps must be >= 1, got 0"),
     ({"rollout.engine_settings": {"prefix_cache": 0}},
      "rollout.engine_settings.prefix_cache: unknown key; rollout_backend hf takes admit_every_steps, "
-     "prefix_cache_tokens; did you mean prefix_cache_tokens?"),
+     "lean_decode, prefix_cache_tokens, shared_prefix_tokens; did you mean prefix_cache_tokens?"),
     ({"rollout.rollout_backend": "examples.plugins.gpu_offload_engine:build", "cluster.component_placement":
       {"actor": "0", "rollout": "1", "reward": "0"}, "rollout.engine_settings": {"admit_every_steps": 2}},
      "rollout.engine_settings: rollout_backend examples.plugins.gpu_offload_engine:build takes no settings (it "
@@ -148,12 +148,14 @@ def test_the_hf_engine_is_built_with_its_settings_and_generates_with_them(tmp_pa
     from rlinf_search.workers.rollout.base import build_engine
 
     reused = {}
-    for settings in ({"admit_every_steps": 2, "prefix_cache_tokens": 0}, None):
+    for settings in ({"admit_every_steps": 2, "prefix_cache_tokens": 0, "lean_decode": False}, None):
         run = validate_cfg(_config(tmp_path, **{"rollout.model.model_path": str(tiny_model_dir),
                                                 "rollout.engine_settings": settings}))
         engine = build_engine(run.rollout, device="cpu")
-        expected = settings or {"admit_every_steps": 8, "prefix_cache_tokens": 65536}
-        assert (engine.config.admit_every_steps, engine.config.prefix_cache_tokens) == tuple(expected.values())
+        expected = settings or {"admit_every_steps": 8, "prefix_cache_tokens": 65536, "lean_decode": True}
+        assert (engine.config.admit_every_steps, engine.config.prefix_cache_tokens,
+                engine.config.lean_decode) == tuple(expected.values())
+        assert (engine.lean is not None) == expected["lean_decode"]
 
         async def two_turns():
             # every letter and digit stops: the first turn ends at a stop string, which is what leaves states

@@ -10,7 +10,12 @@ import torch
 
 from rlinf_search.data.io_struct import SamplingParams
 from rlinf_search.workers.rollout.hf_engine import HFEngineConfig, HFGenerationEngine
-from rlinf_search.workers.rollout.prefix_cache import CachedPrefix, PrefixCache, prefill_inputs
+from rlinf_search.workers.rollout.prefix_cache import (
+    CachedPrefix,
+    PrefixCache,
+    prefill_inputs,
+    shared_prefix_length,
+)
 
 GREEDY = SamplingParams(max_new_tokens=12, greedy=True, stop_at_eos=False)
 
@@ -19,7 +24,8 @@ GREEDY = SamplingParams(max_new_tokens=12, greedy=True, stop_at_eos=False)
 def engines(tiny_model_dir):
     """One engine that reuses prefixes and one that prefills every prompt whole, on the same weights."""
     return (HFGenerationEngine(HFEngineConfig(str(tiny_model_dir), seed=1)),
-            HFGenerationEngine(HFEngineConfig(str(tiny_model_dir), seed=1, prefix_cache_tokens=0)))
+            HFGenerationEngine(HFEngineConfig(str(tiny_model_dir), seed=1, prefix_cache_tokens=0,
+                                              shared_prefix_tokens=0)))
 
 
 def _teacher_forced(engine, prompt: list[int], output: list[int]) -> torch.Tensor:
@@ -169,3 +175,34 @@ def test_the_cache_keeps_the_newest_entries_within_its_token_budget_and_never_a_
     assert cache.take([1, 2, 3, 4]).ids == (1, 2, 3) and len(cache) == 1
     assert cache.take([1, 2, 3, 5]).ids == (1, 2, 3) and len(cache) == 0
     assert cache.take([1, 2, 3, 6]) is None
+
+
+def test_prompts_that_start_alike_have_their_shared_start_computed_once(engines):
+    """A batch's prompts share a template: it is computed once, and each prompt from where they part samples what a
+    whole prefill does."""
+    reusing, whole = engines
+    template = ("Answer the question. To look a fact up, write <search> query </search>; the results come back "
+                "between <information> and </information>. Question: ")
+    questions = ("Who directed Inception?", "Where was Lilu born?", "Which company did Lir Ver work for?", "Who")
+    prompts = [reusing.tokenizer.encode(template + q) for q in questions]
+    shared = shared_prefix_length(prompts, min_tokens=1)
+    assert shared >= 20
+    (out_a, out_b) = [asyncio.run(_group(engine, prompts)) for engine in (reusing, whole)]
+    assert whole.stats.prefilled_tokens == sum(len(p) for p in prompts)
+    assert reusing.stats.prefilled_tokens == whole.stats.prefilled_tokens - (len(prompts) - 1) * shared
+    for prompt, a, b in zip(prompts, out_a, out_b):
+        assert a.output_ids == b.output_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), _teacher_forced(reusing, prompt, a.output_ids),
+                                   atol=2e-4, rtol=0)
+
+
+async def _group(engine, prompts):
+    return await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+
+
+def test_the_shared_start_is_what_every_prompt_has_before_its_last_token_and_only_where_it_saves_enough():
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]], min_tokens=1) == 2
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]], min_tokens=5) == 0, "2 x 2 saved"
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3, 4]], min_tokens=1) == 2, "each prompt keeps a token"
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]], min_tokens=1) == 0, "one distinct prompt"
+    assert shared_prefix_length([[7, 2], [1, 2]], min_tokens=1) == 0

@@ -22,18 +22,30 @@ from dataclasses import dataclass, field
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from transformers import DynamicCache
 
 from rlinf_search.agents.engine import check_request
 from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.plugin_settings import with_settings
 from rlinf_search.workers.offload import move_module
+from rlinf_search.workers.rollout.config import RolloutConfig
 from rlinf_search.workers.rollout.hf_cache import cache_kwargs
 from rlinf_search.workers.rollout.kv_room import with_room
-from rlinf_search.workers.rollout.prefix_cache import PrefixCache, prefill_inputs, row_states
-from rlinf_search.workers.rollout.config import RolloutConfig
+from rlinf_search.workers.rollout.lean_decode import lean_decoder
+from rlinf_search.workers.rollout.prefix_cache import (
+    CachedPrefix,
+    PrefixCache,
+    prefill_inputs,
+    row_states,
+    shared_prefix_length,
+)
 from rlinf_search.workers.rollout.running_batch import RunningBatch
 from rlinf_search.workers.rollout.sampling import sample_next_tokens
 from rlinf_search.workers.weight_loading import Weights, load_weight_buckets
+
+GATHER_GAP_S = 0.002
+"""An idle engine that gets a request waits for more while they arrive at most this far apart (a few milliseconds
+a burst; a lone request waits this once)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,12 @@ class HFEngineConfig:
     prefix_cache_tokens: int = 1 << 16
     """Most tokens whose key/value states are kept between a trajectory's turns (``prefix_cache.py``); 0: none,
     every turn prefills its whole context."""
+    shared_prefix_tokens: int = 64
+    """Prompts prefilled together that start alike (a template) have that start computed once when it saves at
+    least this many positions; 0: never."""
+    lean_decode: bool = True
+    """Decode steps of a Qwen2-architecture float32 model on CPU run through ``lean_decode.LeanDecoder`` (checked
+    against transformers' forward when the engine starts); False: transformers' forward every step."""
 
 
 @dataclass
@@ -143,6 +161,7 @@ class HFGenerationEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = self._end_token_ids()
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        self.lean = lean_decoder(self.model) if config.lean_decode else None
         self.weight_version = 0
         self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self._weights_lock = threading.Lock()  # no step decodes with half-loaded weights
@@ -247,7 +266,10 @@ class HFGenerationEngine:
             new.append(first)
         while len(new) < room:
             try:
-                item = self._inbox.get_nowait()
+                # An idle engine's first request is usually one of a burst (a batch's trajectories start together,
+                # each sent as the agent loop reaches it): gather while they keep coming, so they share one prefill
+                # (and each prompt sent by a whole group is computed once) instead of the first going alone.
+                item = self._inbox.get(timeout=GATHER_GAP_S) if not batch else self._inbox.get_nowait()
             except queue.Empty:
                 break
             if item is None:
@@ -305,11 +327,9 @@ class HFGenerationEngine:
     def _prefill(self, new: list[_Request]) -> RunningBatch | None:
         """One pass over the new requests' prompts: each after the cached prefix it starts with (if any), each
         distinct prompt once; then every request gets its rows of the cache and its first token."""
-        from transformers import DynamicCache
-
         self.stats.prefills += 1
         self.stats.requests += len(new)
-        prefixes = [self.prefix_cache.take(r.prompt_ids) for r in new]
+        prefixes = self._with_shared_prefix(new, [self.prefix_cache.take(r.prompt_ids) for r in new])
         inputs = prefill_inputs([r.prompt_ids for r in new], prefixes, self.pad_id)
         self.stats.prefilled_tokens += int(inputs.attention_mask[:, -inputs.input_ids.shape[1]:].sum())
         self.stats.reused_tokens += sum(len(p.ids) for p in prefixes if p is not None)
@@ -329,14 +349,35 @@ class HFGenerationEngine:
         joined = RunningBatch(new, cache, mask, positions, torch.zeros(len(new), dtype=torch.long))
         return self._sample_and_settle(joined, logits)
 
+    def _with_shared_prefix(self, new: list[_Request], prefixes: list) -> list:
+        """``prefixes``, where the requests with none share a prefix (a prompt template, say), with one computed
+        once for them: the prefill then computes each prompt from where they part."""
+        if not self.config.shared_prefix_tokens:
+            return prefixes
+        bare = [r.prompt_ids for r, p in zip(new, prefixes) if p is None]
+        length = shared_prefix_length(bare, min_tokens=self.config.shared_prefix_tokens)
+        if not length:
+            return prefixes
+        ids = bare[0][:length]
+        cache = DynamicCache()
+        self.model(input_ids=torch.tensor([ids], device=self.device), **cache_kwargs(self.model, cache),
+                   use_cache=True, logits_to_keep=1)
+        self.stats.prefilled_tokens += length
+        shared = CachedPrefix(tuple(ids), [layer.keys[0] for layer in cache.layers],
+                              [layer.values[0] for layer in cache.layers])
+        return [shared if p is None else p for p in prefixes]
+
     def _decode_step(self, batch: RunningBatch) -> RunningBatch | None:
         self.stats.decode_steps += 1
         mask = batch.advance()
-        out = self.model(input_ids=batch.pending.view(-1, 1), attention_mask=mask,
-                         position_ids=batch.positions.view(-1, 1), **cache_kwargs(self.model, batch.cache),
-                         use_cache=True)
+        if self.lean is not None:
+            logits = self.lean.step(batch.pending, batch.positions, mask, batch.cache)
+        else:
+            logits = self.model(input_ids=batch.pending.view(-1, 1), attention_mask=mask,
+                                position_ids=batch.positions.view(-1, 1), **cache_kwargs(self.model, batch.cache),
+                                use_cache=True).logits[:, -1, :]
         batch.positions = batch.positions + 1
-        return self._sample_and_settle(batch, out.logits[:, -1, :].float())
+        return self._sample_and_settle(batch, logits.float())
 
     def _sample_and_settle(self, batch: RunningBatch, logits: torch.Tensor) -> RunningBatch | None:
         """Sample each row's next token, answer the rows that finished, and keep the rest."""
@@ -420,6 +461,12 @@ class HFEngineSettings(BaseModel):
     prefix_cache_tokens: int = Field(HFEngineConfig.prefix_cache_tokens, ge=0)
     """Most tokens whose key/value states are kept between a trajectory's turns; 0: every turn prefills its whole
     context."""
+    shared_prefix_tokens: int = Field(HFEngineConfig.shared_prefix_tokens, ge=0)
+    """Prompts prefilled together that start alike have that start computed once when it saves at least this many
+    positions; 0: never."""
+    lean_decode: bool = HFEngineConfig.lean_decode
+    """Decode a Qwen2-architecture float32 model on CPU without transformers' per-call work (checked against its
+    forward at start-up); false: transformers' forward every step."""
 
 
 @with_settings(HFEngineSettings)
@@ -429,4 +476,6 @@ def build_hf_engine(config: RolloutConfig, *, device: str | None = None, seed: i
     return HFGenerationEngine(HFEngineConfig(config.model_path, device=device, dtype=config.dtype,
                                              max_batch_size=config.max_running_requests, seed=seed,
                                              admit_every_steps=own.admit_every_steps,
-                                             prefix_cache_tokens=own.prefix_cache_tokens))
+                                             prefix_cache_tokens=own.prefix_cache_tokens,
+                                             shared_prefix_tokens=own.shared_prefix_tokens,
+                                             lean_decode=own.lean_decode))

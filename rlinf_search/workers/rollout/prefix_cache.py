@@ -105,6 +105,19 @@ def row_states(cache, mask: torch.Tensor, row: int) -> tuple[list[torch.Tensor],
     return keys, values
 
 
+def shared_prefix_length(prompts: list[list[int]], *, min_tokens: int) -> int:
+    """The tokens every one of ``prompts`` starts with, where computing them once saves at least ``min_tokens``
+    positions; 0 otherwise. Each prompt keeps at least one token after it (its last position gives the logits)."""
+    distinct = {tuple(p) for p in prompts}
+    if len(distinct) < 2:
+        return 0
+    first, *others = distinct
+    length = min(len(p) for p in distinct) - 1
+    for other in others:
+        length = next((i for i in range(length) if first[i] != other[i]), length)
+    return length if length * (len(distinct) - 1) >= min_tokens else 0
+
+
 @dataclass
 class PrefillInputs:
     """One prefill pass over distinct prompts, each after the cached prefix it found (if any)."""
