@@ -52,7 +52,7 @@ class LeanDecoder:
         angles = torch.cat((angles, angles), dim=-1)[:, None, :]
         cos, sin = angles.cos(), angles.sin()
         # [rows, 1, 1, positions]: broadcast over each kv head's query heads
-        padding = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(mask == 0, float("-inf"))[:, None, None, :]
+        padding = x.new_zeros(mask.shape).masked_fill_(mask == 0, float("-inf"))[:, None, None, :]
         for index, layer in enumerate(decoder.layers):
             attention, mlp = layer.self_attn, layer.mlp
             h = F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, self.eps)
