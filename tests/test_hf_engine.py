@@ -97,12 +97,12 @@ def test_the_per_token_stop_precheck_finds_every_stop_the_full_check_finds(engin
                 for o in await asyncio.gather(*(engine.generate(prompt, s) for s in requests))]
 
     prechecked = run_all = asyncio.run(run())
-    assert engine._stop_enders[stops], "the stops end in ASCII characters: the precheck is on"
-    engine._stop_enders[stops] = ()  # every token checked, as without the precheck
+    assert engine.finish.stop_enders[stops], "the stops end in ASCII characters: the precheck is on"
+    engine.finish.stop_enders[stops] = ()  # every token checked, as without the precheck
     try:
         run_all = asyncio.run(run())
     finally:
-        del engine._stop_enders[stops]
+        del engine.finish.stop_enders[stops]
     assert prechecked == run_all
     assert sum(reason == "stop" for _, reason, _ in prechecked) >= 4, "the case is exercised"
 

@@ -29,6 +29,7 @@ from rlinf_search.data.io_struct import GenerationOutput, SamplingParams
 from rlinf_search.plugin_settings import with_settings
 from rlinf_search.workers.offload import move_module
 from rlinf_search.workers.rollout.config import RolloutConfig
+from rlinf_search.workers.rollout.finish_check import FinishCheck, end_token_ids
 from rlinf_search.workers.rollout.hf_cache import cache_kwargs
 from rlinf_search.workers.rollout.kv_room import with_room
 from rlinf_search.workers.rollout.lean_decode import lean_decoder
@@ -159,7 +160,7 @@ class HFGenerationEngine:
         self.model = AutoModelForCausalLM.from_pretrained(
             config.model_path, dtype=_resolve_dtype(config.dtype, self.device)).to(self.device).eval()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.eos_ids = self._end_token_ids()
+        self.finish = FinishCheck(self.tokenizer, end_token_ids(self.model, self.tokenizer))
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
         self.lean = lean_decoder(self.model) if config.lean_decode else None
         self.weight_version = 0
@@ -174,18 +175,6 @@ class HFGenerationEngine:
         self._abort_below = 0  # requests of an earlier epoch end at the next token boundary
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
-        self._stop_enders: dict[tuple[str, ...], tuple[bool, ...]] = {}  # per stop set: token id -> can end one
-        self._texts: list[str] | None = None  # each token id's text, for the stop sets' tables
-
-    def _end_token_ids(self) -> frozenset[int]:
-        ids = set()
-        configured = getattr(self.model.generation_config, "eos_token_id", None)
-        for value in (configured, self.tokenizer.eos_token_id):
-            if isinstance(value, int):
-                ids.add(value)
-            elif value:
-                ids.update(value)
-        return frozenset(ids)
 
     # ---- the async interface -------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationOutput:
@@ -388,7 +377,7 @@ class HFGenerationEngine:
         for row, (request, token, logprob) in enumerate(zip(batch.requests, tokens.tolist(), logprobs.tolist())):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
-            finish = self._finish_reason(request)
+            finish = self.finish.reason(request.sampling, request.output_ids)
             if finish is None:
                 keep.append(row)
             else:
@@ -411,44 +400,6 @@ class HFGenerationEngine:
         if int(batch.mask[row].sum()) != len(ids):  # never reuse states that do not match their ids
             return
         self.prefix_cache.store(ids, *row_states(batch.cache, batch.mask, row))
-
-    def _may_end_stop(self, stops: tuple[str, ...], token: int) -> bool:
-        """Whether ``token`` can complete one of ``stops``: only a token whose text holds a stop's last character
-        can, so the others skip decoding the row's tail (most rows, most steps). Known per token once per set of
-        stops; a stop ending in a non-ASCII or space character (which a token's text alone may not show) is always
-        checked."""
-        stops = tuple(stops)
-        enders = self._stop_enders.get(stops)
-        if enders is None:
-            last = {stop[-1] for stop in stops if stop}
-            if not last or any(not char.isascii() or char.isspace() for char in last):
-                enders = self._stop_enders[stops] = ()
-            else:
-                enders = self._stop_enders[stops] = tuple(any(char in text for char in last)
-                                                          for text in self._token_texts())
-        return not enders or token >= len(enders) or enders[token]
-
-    def _token_texts(self) -> list[str]:
-        """Each token id's text on its own, decoded once per engine (every stop set reads it)."""
-        if self._texts is None:
-            self._texts = self.tokenizer.batch_decode([[token_id] for token_id in range(len(self.tokenizer))])
-        return self._texts
-
-    def _finish_reason(self, request: _Request) -> tuple[str, str | None] | None:
-        sampling = request.sampling
-        if sampling.stop_at_eos and request.output_ids[-1] in self.eos_ids:
-            return ("eos", None)
-        if sampling.stop and self._may_end_stop(sampling.stop, request.output_ids[-1]):
-            # A stop string that just completed lies within the last len(stop)+1 tokens: every
-            # token carries at least one of its characters. Earlier text was checked at earlier steps.
-            window = max(len(s) for s in sampling.stop) + 1
-            tail = self.tokenizer.decode(request.output_ids[-window:])
-            for stop in sampling.stop:
-                if stop in tail:
-                    return ("stop", stop)
-        if len(request.output_ids) >= sampling.max_new_tokens:
-            return ("length", None)
-        return None
 
 
 class HFEngineSettings(BaseModel):

@@ -23,6 +23,9 @@ import logging
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
+
+from rlinf_search.workers.rollout.hf_cache import cache_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +121,6 @@ def lean_decoder(model: torch.nn.Module) -> LeanDecoder | None:
 
 def _probe_difference(model: torch.nn.Module, decoder: LeanDecoder) -> float:
     """Largest logit difference of one decode step, lean against transformers', after a left-padded prompt."""
-    from transformers import DynamicCache
-
-    from rlinf_search.workers.rollout.hf_cache import cache_kwargs
-
     vocab = model.config.vocab_size
     ids = torch.tensor([[0, 0, 5, 7, 11], [3, 8, 13, 2, 9]]) % vocab
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
